@@ -1,0 +1,142 @@
+package session
+
+import "encoding/json"
+
+// DefaultPrefix is the default NATS subject prefix.
+const DefaultPrefix = "atrium"
+
+// Subjects names the NATS subjects and KV buckets under one prefix (DESIGN §5).
+// The zero value uses DefaultPrefix.
+type Subjects struct {
+	Prefix string
+}
+
+func (s Subjects) p() string {
+	if s.Prefix == "" {
+		return DefaultPrefix
+	}
+	return s.Prefix
+}
+
+// Cmd is the request/reply subject of the actor that owns id.
+func (s Subjects) Cmd(id ID) string { return s.p() + ".session." + string(id) + ".cmd" }
+
+// Events is where the owner publishes id's events after commit.
+func (s Subjects) Events(id ID) string { return s.p() + ".session." + string(id) + ".events" }
+
+// Presence is where gateways publish who watches id. Never persisted.
+func (s Subjects) Presence(id ID) string { return s.p() + ".session." + string(id) + ".presence" }
+
+// Place is the queue-group subject of nodes: create or activate a session.
+func (s Subjects) Place() string { return s.p() + ".place" }
+
+// PlaceQueue is the queue group nodes join on Place.
+func (s Subjects) PlaceQueue() string { return s.p() + "-nodes" }
+
+// CatalogBucket is the KV bucket of the session catalog.
+func (s Subjects) CatalogBucket() string { return s.p() + "_sessions" }
+
+// OwnersBucket is the KV bucket of ownership leases.
+func (s Subjects) OwnersBucket() string { return s.p() + "_owners" }
+
+// NATS headers. Only gateways set the principal headers; nodes trust them.
+const (
+	HeaderUser   = "Atrium-User"
+	HeaderTenant = "Atrium-Tenant"
+	// HeaderControl on a message of the Events subject marks a control
+	// message rather than an event. Its value is a ControlKind.
+	HeaderControl = "Atrium-Control"
+)
+
+// ControlKind is the value of HeaderControl.
+type ControlKind string
+
+// Control messages on the Events subject.
+const (
+	// ControlDeleted: the session was deleted; gateways close its watchers.
+	ControlDeleted ControlKind = "deleted"
+)
+
+// Op is a command to a session actor.
+type Op string
+
+// Command ops on the Cmd subject.
+const (
+	OpPrompt  Op = "prompt"  // Text, ClientID → Seq
+	OpCancel  Op = "cancel"  // → ok
+	OpApprove Op = "approve" // ApprovalID, Allow → ok
+	OpHistory Op = "history" // After, Limit, MaxBytes → Events, LastSeq, Epoch, More
+	OpInfo    Op = "info"    // → Session (Role of the caller)
+	OpMember  Op = "member"  // User, Role → ok (RoleNone removes)
+	OpDelete  Op = "delete"  // → ok
+)
+
+// Command is the JSON body of a request on the Cmd subject. The caller is in
+// the HeaderUser/HeaderTenant headers.
+type Command struct {
+	Op         Op     `json:"op"`
+	Text       string `json:"text,omitempty"`
+	ClientID   string `json:"client_id,omitempty"`
+	ApprovalID string `json:"approval_id,omitempty"`
+	Allow      bool   `json:"allow,omitempty"`
+	User       string `json:"user,omitempty"`
+	Role       Role   `json:"role,omitempty"`
+	After      Seq    `json:"after,omitempty"`
+	Limit      int    `json:"limit,omitempty"`
+	// MaxBytes bounds the encoded size of a history reply's events; the
+	// owner stops early (More=true) rather than exceed it.
+	MaxBytes int `json:"max_bytes,omitempty"`
+}
+
+// DefaultHistoryMaxBytes keeps a history reply well under NATS's default
+// 1 MiB max payload.
+const DefaultHistoryMaxBytes = 512 << 10
+
+// Reply is the JSON body of every reply on the Cmd and Place subjects. When
+// Error is set nothing else is.
+type Reply struct {
+	Error   *Error            `json:"error,omitempty"`
+	Seq     Seq               `json:"seq,omitempty"`
+	Session *Session          `json:"session,omitempty"`
+	Events  []json.RawMessage `json:"events,omitempty"`
+	LastSeq Seq               `json:"last_seq,omitempty"`
+	Epoch   string            `json:"epoch,omitempty"`
+	More    bool              `json:"more,omitempty"`
+}
+
+// Err returns the reply's error or nil.
+func (r *Reply) Err() error {
+	if r.Error == nil {
+		return nil
+	}
+	return r.Error
+}
+
+// PlaceOp is a request to the Place queue group.
+type PlaceOp string
+
+// Place ops.
+const (
+	// PlaceCreate creates a session (ID chosen by the gateway) and activates it.
+	PlaceCreate PlaceOp = "create"
+	// PlaceActivate activates an existing session so its Cmd subject has a
+	// responder. Replies after the subscription is live.
+	PlaceActivate PlaceOp = "activate"
+)
+
+// PlaceRequest is the JSON body of a request on the Place subject. The caller
+// is in the principal headers.
+type PlaceRequest struct {
+	Op      PlaceOp `json:"op"`
+	Session ID      `json:"session"`
+	Title   string  `json:"title,omitempty"`
+	Harness Harness `json:"harness,omitzero"`
+}
+
+// PresenceMessage is what a gateway publishes on the Presence subject: the
+// full list of its watchers of a session. Gateways merge the lists of all
+// gateways; a list expires when not refreshed within PresenceTTL.
+type PresenceMessage struct {
+	Gateway  string    `json:"gateway"`
+	Watchers []Watcher `json:"watchers"`
+}

@@ -1,0 +1,99 @@
+package session
+
+import "encoding/json"
+
+// State is whether a session's actor is running.
+type State string
+
+// Session states.
+const (
+	StateActive     State = "active"
+	StateHibernated State = "hibernated"
+)
+
+// Sandbox is the sandbox part of the Session object.
+type SandboxInfo struct {
+	State SandboxState `json:"state"`
+}
+
+// Session is the Session object of the wire contract. Role is the caller's
+// role and is filled in per caller.
+type Session struct {
+	ID        ID          `json:"id"`
+	Title     string      `json:"title"`
+	Owner     string      `json:"owner"`
+	CreatedAt Time        `json:"created_at"`
+	LastSeq   Seq         `json:"last_seq"`
+	Epoch     string      `json:"epoch"`
+	State     State       `json:"state"`
+	Sandbox   SandboxInfo `json:"sandbox"`
+	Role      Role        `json:"role"`
+}
+
+// Harness says what runs once per turn in the sandbox: a named template from
+// config (Template) or an explicit argv (Command). The zero value means the
+// default template.
+type Harness struct {
+	Template string   `json:"template,omitempty"`
+	Command  []string `json:"command,omitempty"`
+}
+
+// UnmarshalJSON accepts the wire forms: "shell" or {"command":[…]}.
+func (h *Harness) UnmarshalJSON(b []byte) error {
+	var name string
+	if err := json.Unmarshal(b, &name); err == nil {
+		*h = Harness{Template: name}
+		return nil
+	}
+	type plain Harness
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return Errorf(CodeBadRequest, `harness must be a template name or {"command":[...]}`)
+	}
+	*h = Harness(p)
+	return nil
+}
+
+// DefaultTemplate is the harness template used when none is given.
+const DefaultTemplate = "shell"
+
+// Validate checks the harness shape (not whether the template exists).
+func (h Harness) Validate() error {
+	if h.Template != "" && len(h.Command) > 0 {
+		return Errorf(CodeBadRequest, "harness: give a template or a command, not both")
+	}
+	if h.Command != nil && len(h.Command) == 0 {
+		return Errorf(CodeBadRequest, "harness: command must not be empty")
+	}
+	for _, a := range h.Command {
+		if len(a) > 64<<10 {
+			return Errorf(CodeBadRequest, "harness: command argument too long")
+		}
+	}
+	return nil
+}
+
+// CatalogEntry is a session's record in the catalog (NATS KV
+// "<prefix>_sessions"), readable from any gateway for listing and
+// authorization without waking the session. Only the owning node writes it.
+type CatalogEntry struct {
+	ID        ID           `json:"id"`
+	Title     string       `json:"title"`
+	Owner     string       `json:"owner"`
+	Tenant    string       `json:"tenant,omitempty"`
+	Members   Members      `json:"members"`
+	CreatedAt Time         `json:"created_at"`
+	Epoch     string       `json:"epoch"`
+	State     State        `json:"state"`
+	LastSeq   Seq          `json:"last_seq"`
+	Sandbox   SandboxState `json:"sandbox"`
+}
+
+// SessionFor returns the Session object as user sees it.
+func (c *CatalogEntry) SessionFor(user string) Session {
+	return Session{
+		ID: c.ID, Title: c.Title, Owner: c.Owner, CreatedAt: c.CreatedAt,
+		LastSeq: c.LastSeq, Epoch: c.Epoch, State: c.State,
+		Sandbox: SandboxInfo{State: c.Sandbox}, Role: c.Members.RoleOf(user),
+	}
+}

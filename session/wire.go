@@ -1,0 +1,106 @@
+package session
+
+import "encoding/json"
+
+// Subprotocol is the WebSocket subprotocol of the client protocol.
+const Subprotocol = "atrium.v1"
+
+// Server → client WebSocket frame types.
+const (
+	FrameHello    = "hello"
+	FrameEvent    = "event"
+	FramePresence = "presence"
+	FrameAck      = "ack"
+	FrameError    = "error"
+)
+
+// Client → server WebSocket frame types.
+const (
+	FramePrompt  = "prompt"
+	FrameCancel  = "cancel"
+	FrameApprove = "approve"
+)
+
+// You is the caller in a hello frame.
+type You struct {
+	User string `json:"user"`
+	Role Role   `json:"role"`
+}
+
+// HelloFrame is the first frame on a WebSocket.
+type HelloFrame struct {
+	Type    string  `json:"type"` // "hello"
+	Session Session `json:"session"`
+	You     You     `json:"you"`
+	LastSeq Seq     `json:"last_seq"`
+}
+
+// EventFrame carries one event. Event holds the event's encoded bytes.
+type EventFrame struct {
+	Type  string          `json:"type"` // "event"
+	Event json.RawMessage `json:"event"`
+}
+
+// AppendEventFrame appends the encoding of {"type":"event","event":ev} to b,
+// without re-encoding ev. Gateways build each frame once and share it.
+func AppendEventFrame(b []byte, ev json.RawMessage) []byte {
+	b = append(b, `{"type":"event","event":`...)
+	b = append(b, ev...)
+	return append(b, '}')
+}
+
+// Watcher is one connection watching a session.
+type Watcher struct {
+	User  string `json:"user"`
+	Conn  string `json:"conn"`
+	Since Time   `json:"since"`
+}
+
+// PresenceFrame lists who is watching now.
+type PresenceFrame struct {
+	Type     string    `json:"type"` // "presence"
+	Watchers []Watcher `json:"watchers"`
+}
+
+// AckFrame says a prompt is durable at Seq.
+type AckFrame struct {
+	Type     string `json:"type"` // "ack"
+	ClientID string `json:"client_id"`
+	Seq      Seq    `json:"seq"`
+}
+
+// ErrorFrame reports a problem with a frame or the session.
+type ErrorFrame struct {
+	Type     string `json:"type"` // "error"
+	Code     Code   `json:"code"`
+	Message  string `json:"message"`
+	ClientID string `json:"client_id,omitempty"`
+}
+
+// ClientFrame is any client → server frame; Type selects which fields apply.
+type ClientFrame struct {
+	Type     string `json:"type"`
+	Text     string `json:"text,omitempty"`
+	ClientID string `json:"client_id,omitempty"`
+	ID       string `json:"id,omitempty"`
+	Allow    *bool  `json:"allow,omitempty"`
+}
+
+// ErrorBody is the body of a REST error response.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}
+
+// EventsPage is the body of GET /v1/sessions/{id}/events.
+type EventsPage struct {
+	Events  []json.RawMessage `json:"events"`
+	LastSeq Seq               `json:"last_seq"`
+	Epoch   string            `json:"epoch"`
+}
+
+// Close codes and reasons the gateway uses on WebSockets.
+const (
+	CloseSlowConsumer = 1008 // policy violation, reason "slow consumer"
+	CloseTooBig       = 1009 // message too big
+	CloseGoingAway    = 1001 // server shutting down: reconnect and resume
+)
