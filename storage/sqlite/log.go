@@ -1,0 +1,321 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// pageSize is SQLite's default page size, which every history uses; MaxBytes
+// becomes PRAGMA max_page_count = MaxBytes/pageSize.
+const pageSize = 4096
+
+// readers is the size of each Log's read connection pool.
+const readers = 4
+
+// migrations[i] brings a history from schema version i (PRAGMA user_version)
+// to i+1.
+var migrations = []string{
+	`CREATE TABLE events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, json BLOB NOT NULL);
+	 CREATE INDEX events_kind_seq ON events (kind, seq);
+	 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB);`,
+}
+
+// Log is one open session history. One goroutine appends to it (the session
+// actor) while any number of others read: Append and SetMeta go through a
+// single writer connection, the other methods through a small pool of read
+// connections, which WAL mode lets run alongside the writer.
+type Log struct {
+	id       session.ID
+	maxBytes int64
+	writer   *sql.DB // one connection
+	readers  *sql.DB
+	insert   *sql.Stmt    // on writer
+	lastSeq  atomic.Int64 // seq of the last committed event
+
+	mu     sync.Mutex // serializes writes and Close
+	closed bool       // guarded by mu
+}
+
+// open opens the existing file path as the history of id and migrates it.
+func (d *Dir) open(ctx context.Context, path string, id session.ID) (_ *Log, err error) {
+	syncMode := "NORMAL"
+	switch d.Sync {
+	case "", SyncNormal:
+	case SyncFull:
+		syncMode = "FULL"
+	default:
+		return nil, fmt.Errorf("sync mode %q: want %q or %q", d.Sync, SyncNormal, SyncFull)
+	}
+	l := &Log{id: id, maxBytes: d.MaxBytes}
+	if l.maxBytes <= 0 {
+		l.maxBytes = DefaultMaxBytes
+	}
+	dsn := func(pragmas ...string) string {
+		q := url.Values{"mode": {"rw"}, "_pragma": append([]string{"busy_timeout(5000)"}, pragmas...)}
+		q.Set("_txlock", "immediate")
+		return (&url.URL{Scheme: "file", OmitHost: true, Path: path, RawQuery: q.Encode()}).String()
+	}
+	if l.writer, err = sql.Open("sqlite", dsn("journal_mode(WAL)", "synchronous("+syncMode+")",
+		fmt.Sprintf("max_page_count(%d)", max(l.maxBytes/pageSize, 1)))); err != nil {
+		return nil, err
+	}
+	l.writer.SetMaxOpenConns(1)
+	if l.readers, err = sql.Open("sqlite", dsn("query_only(1)")); err != nil {
+		l.writer.Close()
+		return nil, err
+	}
+	l.readers.SetMaxOpenConns(readers)
+	defer func() {
+		if err != nil {
+			l.readers.Close()
+			l.writer.Close()
+		}
+	}()
+	if err := l.migrate(ctx, d); err != nil {
+		return nil, l.classify(err, "migrate", 0)
+	}
+	var last int64
+	if err := l.writer.QueryRowContext(ctx, `SELECT coalesce(max(seq), 0) FROM events`).Scan(&last); err != nil {
+		return nil, l.classify(err, "read last seq of", 0)
+	}
+	l.lastSeq.Store(last)
+	if l.insert, err = l.writer.PrepareContext(ctx, `INSERT INTO events (seq, kind, json) VALUES (?, ?, ?)`); err != nil {
+		return nil, fmt.Errorf("prepare insert: %w", err)
+	}
+	return l, nil
+}
+
+func (l *Log) migrate(ctx context.Context, d *Dir) error {
+	var v int
+	if err := l.writer.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+		return err
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this atrium supports (%d)", v, len(migrations))
+	}
+	for ; v < len(migrations); v++ {
+		tx, err := l.writer.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, migrations[v])
+		if err == nil {
+			_, err = tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, v+1))
+		}
+		if err == nil {
+			err = tx.Commit()
+		}
+		if err != nil {
+			tx.Rollback()
+			return fmt.Errorf("to schema version %d: %w", v+1, err)
+		}
+		d.logger().Debug("migrated history", "session", l.id, "version", v+1)
+	}
+	return nil
+}
+
+// Append commits evs, whose seqs must run on from LastSeq without gaps, in
+// one transaction; they are durable when it returns nil. A batch whose seqs
+// do not follow fails with an error matching session.ErrConflict, one that
+// does not fit in MaxBytes or on the disk with session.ErrUnavailable; either
+// way nothing is written and the Log stays usable.
+func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
+	if len(evs) == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last := l.lastSeq.Load()
+	var size int64
+	for i, ev := range evs {
+		if ev.Seq != last+1+int64(i) {
+			return fmt.Errorf("append to history %s: %w", l.id, session.Errorf(session.CodeConflict,
+				"event %d of the batch has seq %d, want %d", i, ev.Seq, last+1+int64(i)))
+		}
+		if ev.Kind == "" || len(ev.JSON) == 0 {
+			return fmt.Errorf("append to history %s: %w", l.id, session.Errorf(session.CodeBadRequest, "event %d has no kind or no JSON", ev.Seq))
+		}
+		size += int64(len(ev.JSON) + len(ev.Kind))
+	}
+	tx, err := l.writer.BeginTx(ctx, nil)
+	if err != nil {
+		return l.classify(err, "append to", size)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+			l.reloadLastSeq() // In case the commit took effect after all.
+		}
+	}()
+	ins := tx.StmtContext(ctx, l.insert)
+	for _, ev := range evs {
+		if _, err := ins.ExecContext(ctx, ev.Seq, string(ev.Kind), ev.JSON); err != nil {
+			return l.classify(err, "append to", size)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return l.classify(err, "append to", size)
+	}
+	l.lastSeq.Store(evs[len(evs)-1].Seq)
+	return nil
+}
+
+func (l *Log) reloadLastSeq() {
+	var last int64
+	if l.writer.QueryRow(`SELECT coalesce(max(seq), 0) FROM events`).Scan(&last) == nil {
+		l.lastSeq.Store(last)
+	}
+}
+
+// Range returns the encoded events with seq > after in order: at most limit
+// of them (at least 1) and, past the first, no more than maxBytes in total
+// (maxBytes <= 0 means no byte limit). more reports whether events beyond the
+// last returned exist.
+func (l *Log) Range(ctx context.Context, after session.Seq, limit, maxBytes int) (evs []json.RawMessage, more bool, err error) {
+	if after >= l.lastSeq.Load() {
+		return nil, false, nil
+	}
+	limit = max(limit, 1)
+	rows, err := l.readers.QueryContext(ctx, `SELECT json FROM events WHERE seq > ? ORDER BY seq LIMIT ?`, after, limit+1)
+	if err != nil {
+		return nil, false, l.classify(err, "read", 0)
+	}
+	defer rows.Close()
+	total := 0
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, false, l.classify(err, "read", 0)
+		}
+		total += len(b)
+		if len(evs) == limit || (len(evs) > 0 && maxBytes > 0 && total > maxBytes) {
+			return evs, true, nil
+		}
+		evs = append(evs, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, l.classify(err, "read", 0)
+	}
+	return evs, false, nil
+}
+
+// LastSeq returns the seq of the last committed event, 0 if none. It is kept
+// in memory and never fails.
+func (l *Log) LastSeq(context.Context) (session.Seq, error) { return l.lastSeq.Load(), nil }
+
+// LastOfKind returns the newest event of kind, or nil if there is none.
+func (l *Log) LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessage, error) {
+	var b []byte
+	err := l.readers.QueryRowContext(ctx, `SELECT json FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1`, string(kind)).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	} else if err != nil {
+		return nil, l.classify(err, "read", 0)
+	}
+	return b, nil
+}
+
+// Meta returns the session's metadata.
+func (l *Log) Meta(ctx context.Context) (session.Meta, error) {
+	var b []byte
+	var m session.Meta
+	if err := l.readers.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session'`).Scan(&b); err != nil {
+		return m, l.classify(err, "read metadata of", 0)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("read metadata of history %s: %w", l.id, err)
+	}
+	return m, nil
+}
+
+// SetMeta replaces the session's metadata; m.ID must be the history's id.
+func (l *Log) SetMeta(ctx context.Context, m session.Meta) error {
+	if m.ID != l.id {
+		return fmt.Errorf("set metadata of history %s: %w", l.id, session.Errorf(session.CodeBadRequest, "metadata is for session %q", m.ID))
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("set metadata of history %s: %w", l.id, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err = l.writer.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('session', ?)
+		ON CONFLICT (key) DO UPDATE SET value = excluded.value`, b)
+	return l.classify(err, "set metadata of", int64(len(b)))
+}
+
+// Close checkpoints the WAL into the database file and closes every
+// connection, so the history holds no file descriptor afterwards. It is safe
+// to call twice.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	errs := []error{l.insert.Close(), l.readers.Close()} // Readers first, so the checkpoint can complete.
+	if _, err := l.writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
+	}
+	errs = append(errs, l.writer.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close history %s: %w", l.id, err)
+	}
+	return nil
+}
+
+// classify wraps err from the step on this history. A full history or disk
+// and I/O errors become session.ErrUnavailable with a message for humans;
+// need is the size of what was being written.
+func (l *Log) classify(err error, step string, need int64) error {
+	var se *sqlite.Error
+	if err == nil {
+		return nil
+	} else if !errors.As(err, &se) {
+		return fmt.Errorf("%s history %s: %w", step, l.id, err)
+	}
+	var msg string
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_FULL:
+		// SQLITE_FULL means max_page_count was reached or the disk is full.
+		// Tell them apart by how close the file is to the cap. (A reader
+		// asks: the writer may still be inside the failed transaction.)
+		var pages int64
+		l.readers.QueryRow(`PRAGMA page_count`).Scan(&pages)
+		if (pages+1)*pageSize+2*need >= l.maxBytes {
+			msg = fmt.Sprintf("session history is full (limit %s)", humanBytes(l.maxBytes))
+		} else {
+			msg = "disk full writing history"
+		}
+	case sqlite3.SQLITE_IOERR:
+		msg = "disk I/O error on history"
+	default:
+		return fmt.Errorf("%s history %s: %w", step, l.id, err)
+	}
+	return fmt.Errorf("%s history %s: %w: %w", step, l.id, session.Errorf(session.CodeUnavailable, "%s", msg), err)
+}
+
+// humanBytes formats n as "1 GiB", "1.5 MiB", "512 KiB" or "100 B".
+func humanBytes(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f, i := float64(n), 0
+	for ; f >= 1024 && i < len(units)-1; i++ {
+		f /= 1024
+	}
+	if f == float64(int64(f)) {
+		return fmt.Sprintf("%d %s", int64(f), units[i])
+	}
+	return fmt.Sprintf("%.1f %s", f, units[i])
+}
