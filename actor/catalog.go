@@ -1,0 +1,141 @@
+package actor
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// catalogTimeout bounds one catalog write.
+const catalogTimeout = 5 * time.Second
+
+// catalogWriter mirrors session state to the catalog KV bucket off the
+// actors' paths. Writes for one session are coalesced: only the newest state
+// is written, and a delete replaces any put still waiting.
+type catalogWriter struct {
+	kv  jetstream.KeyValue
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending map[session.ID]*session.CatalogEntry // nil entry = delete; guarded by mu
+	busy    int                                  // writes taken but not finished; guarded by mu
+	stopped bool                                 // guarded by mu
+	idle    *sync.Cond                           // signalled when pending is empty and busy is 0
+
+	wake chan struct{} // cap 1
+	done chan struct{} // closed by stop
+}
+
+func newCatalogWriter(kv jetstream.KeyValue, log *slog.Logger) *catalogWriter {
+	c := &catalogWriter{
+		kv:      kv,
+		log:     log,
+		pending: map[session.ID]*session.CatalogEntry{},
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+	}
+	c.idle = sync.NewCond(&c.mu)
+	return c
+}
+
+// put schedules writing e (a copy is taken).
+func (c *catalogWriter) put(e session.CatalogEntry) {
+	e.Members = cloneMembers(e.Members)
+	c.schedule(e.ID, &e)
+}
+
+// remove schedules deleting id's entry.
+func (c *catalogWriter) remove(id session.ID) { c.schedule(id, nil) }
+
+func (c *catalogWriter) schedule(id session.ID, e *session.CatalogEntry) {
+	c.mu.Lock()
+	c.pending[id] = e
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flush waits until every scheduled write has been tried.
+func (c *catalogWriter) flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for (len(c.pending) > 0 || c.busy > 0) && !c.stopped {
+		c.idle.Wait()
+	}
+}
+
+// stop writes what is pending and ends run.
+func (c *catalogWriter) stop() {
+	close(c.done)
+}
+
+func (c *catalogWriter) run() {
+	for {
+		select {
+		case <-c.wake:
+			c.writeAll()
+		case <-c.done:
+			c.writeAll()
+			c.mu.Lock()
+			c.stopped = true
+			c.idle.Broadcast()
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (c *catalogWriter) writeAll() {
+	for {
+		c.mu.Lock()
+		batch := c.pending
+		if len(batch) == 0 {
+			c.idle.Broadcast()
+			c.mu.Unlock()
+			return
+		}
+		c.pending = map[session.ID]*session.CatalogEntry{}
+		c.busy = len(batch)
+		c.mu.Unlock()
+		for id, e := range batch {
+			c.write(id, e)
+		}
+		c.mu.Lock()
+		c.busy = 0
+		c.mu.Unlock()
+	}
+}
+
+func (c *catalogWriter) write(id session.ID, e *session.CatalogEntry) {
+	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
+	defer cancel()
+	if e == nil {
+		if err := c.kv.Delete(ctx, string(id)); err != nil {
+			c.log.Warn("delete catalog entry", "session", id, "err", err)
+		}
+		return
+	}
+	b, err := json.Marshal(e)
+	if err == nil {
+		_, err = c.kv.Put(ctx, string(id), b)
+	}
+	if err != nil {
+		c.log.Warn("write catalog entry", "session", id, "err", err)
+	}
+}
+
+func cloneMembers(m session.Members) session.Members {
+	out := make(session.Members, len(m))
+	for u, r := range m {
+		out[u] = r
+	}
+	return out
+}

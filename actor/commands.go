@@ -1,0 +1,360 @@
+package actor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
+)
+
+// recentWindow is how many prompts per session are remembered for client_id
+// deduplication.
+const recentWindow = 1024
+
+// recentPrompts remembers the seq of recent prompts by user and client_id,
+// so a retried prompt is acknowledged with its original seq.
+type recentPrompts struct {
+	byKey map[string]*recentPrompt
+	order []string // oldest first
+}
+
+type recentPrompt struct {
+	seq     session.Seq
+	durable bool
+	waiters []*nats.Msg // retries waiting for the original's commit
+}
+
+func (r *recentPrompts) get(key string) *recentPrompt { return r.byKey[key] }
+
+func (r *recentPrompts) add(key string, p *recentPrompt) {
+	if r.byKey == nil {
+		r.byKey = map[string]*recentPrompt{}
+	}
+	r.byKey[key] = p
+	r.order = append(r.order, key)
+	if len(r.order) > recentWindow {
+		old := r.order[0]
+		r.order = r.order[1:]
+		if r.byKey[old] != nil && r.byKey[old].durable {
+			delete(r.byKey, old)
+		}
+	}
+}
+
+func (r *recentPrompts) remove(key string) { delete(r.byKey, key) }
+
+// onCmd handles a request from the Cmd subject. Every request is answered
+// with a session.Reply, some only once what they caused is durable.
+func (s *sessionActor) onCmd(m *cmdMsg) {
+	switch s.phase {
+	case phaseNew, phaseOpening:
+		s.early = append(s.early, m)
+		return
+	case phaseDeleting, phasePassivating:
+		respond(m.msg, errorReply(session.Errorf(session.CodeNotFound, "session not found")))
+		return
+	}
+	var c session.Command
+	if err := json.Unmarshal(m.msg.Data, &c); err != nil {
+		respond(m.msg, errorReply(session.Errorf(session.CodeBadRequest, "command is not valid JSON: %v", err)))
+		return
+	}
+	who := principal(m.msg)
+	if who.User == "" {
+		respond(m.msg, errorReply(session.Errorf(session.CodeUnauthenticated, "no caller in the %s header", session.HeaderUser)))
+		return
+	}
+	s.current = m.msg
+	if s.h.beforeCmd != nil {
+		s.h.beforeCmd(s.id, &c)
+	}
+	s.command(m.msg, who, &c)
+	s.current = nil
+}
+
+func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.Command) {
+	role := s.roleOf(who)
+	need := session.ActRead
+	switch c.Op {
+	case session.OpPrompt, session.OpCancel, session.OpApprove:
+		need = session.ActDrive
+	case session.OpMember, session.OpDelete:
+		need = session.ActManage
+	case session.OpHistory, session.OpInfo:
+	default:
+		if err := session.Authorize(role, session.ActRead); err != nil {
+			respond(msg, errorReply(err))
+			return
+		}
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "unknown op %q", c.Op)))
+		return
+	}
+	if err := session.Authorize(role, need); err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	switch c.Op {
+	case session.OpPrompt:
+		s.opPrompt(msg, who.User, c)
+	case session.OpCancel:
+		s.opCancel(msg)
+	case session.OpApprove:
+		s.opApprove(msg, who.User, c)
+	case session.OpHistory:
+		s.opHistory(msg, c)
+	case session.OpInfo:
+		sess := s.sessionFor(who.User)
+		respond(msg, session.Reply{Session: &sess})
+	case session.OpMember:
+		s.opMember(msg, who.User, c)
+	case session.OpDelete:
+		s.opDelete(msg)
+	}
+}
+
+func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) {
+	switch {
+	case strings.TrimSpace(c.Text) == "":
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
+		return
+	case len(c.Text) > session.MaxTextBytes:
+		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)))
+		return
+	case len(c.ClientID) > session.MaxClientIDBytes:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)))
+		return
+	case !utf8.ValidString(c.Text):
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
+		return
+	case s.shutting:
+		respond(msg, errorReply(session.Errorf(session.CodeUnavailable, "the server is shutting down; retry")))
+		return
+	}
+	key := ""
+	if c.ClientID != "" {
+		key = user + "\x00" + c.ClientID
+		if p := s.recent.get(key); p != nil {
+			if p.durable {
+				respond(msg, session.Reply{Seq: p.seq})
+			} else {
+				p.waiters = append(p.waiters, msg)
+			}
+			return
+		}
+	}
+	data := mustMarshal(session.MessageData{Text: c.Text, ClientID: c.ClientID})
+	if len(data) > s.maxEventData() {
+		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
+		return
+	}
+	text := c.Text
+	rp := &recentPrompt{}
+	rp.seq = s.emit(session.KindMessage, user, data, func(err error) {
+		if err != nil {
+			if key != "" {
+				s.recent.remove(key)
+			}
+			respond(msg, errorReply(err))
+			for _, w := range rp.waiters {
+				respond(w, errorReply(err))
+			}
+			return
+		}
+		rp.durable = true
+		s.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
+		rep := session.Reply{Seq: rp.seq}
+		respond(msg, rep)
+		for _, w := range rp.waiters {
+			respond(w, rep)
+		}
+		rp.waiters = nil
+		s.maybeStartTurn()
+	})
+	if key != "" {
+		s.recent.add(key, rp)
+	}
+}
+
+// maxEventData is the largest event data that still publishes within the
+// connection's max payload.
+func (s *sessionActor) maxEventData() int {
+	return int(s.h.cfg.NATS.MaxPayload()) - 1024
+}
+
+func (s *sessionActor) opCancel(msg *nats.Msg) {
+	if _, err := s.turns.Cancel(); err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	if s.runner != nil {
+		s.runner.stop(stopRequest{status: session.TurnCancelled})
+	}
+	respond(msg, session.Reply{})
+}
+
+func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command) {
+	if c.ApprovalID == "" {
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "approval_id is required")))
+		return
+	}
+	turn, err := s.turns.ResolveApproval(c.ApprovalID)
+	if err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	r, id, allow := s.runner, c.ApprovalID, c.Allow
+	s.emit(session.KindApprovalResolved, user,
+		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: id, Allow: allow}),
+		func(err error) {
+			if err != nil {
+				// Not durable: the approval is still pending.
+				_ = s.turns.RequestApproval(turn, id)
+				respond(msg, errorReply(err))
+				return
+			}
+			if r != nil && r == s.runner {
+				r.answer(session.ApprovalAnswer{Type: "approval", ID: id, Allow: allow})
+			}
+			respond(msg, session.Reply{})
+		})
+}
+
+func (s *sessionActor) opHistory(msg *nats.Msg, c *session.Command) {
+	switch {
+	case c.After < 0:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "after must not be negative")))
+		return
+	case c.After > s.durable:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "after %d is beyond the last event %d", c.After, s.durable)))
+		return
+	case c.Limit < 0 || c.MaxBytes < 0:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "limit and max_bytes must not be negative")))
+		return
+	}
+	limit := c.Limit
+	if limit == 0 {
+		limit = defaultHistoryLimit
+	}
+	maxBytes := c.MaxBytes
+	if maxBytes == 0 || maxBytes > session.DefaultHistoryMaxBytes {
+		maxBytes = session.DefaultHistoryMaxBytes
+	}
+	s.readsWG.Add(1)
+	job := readJob{
+		hist: s.hist, msg: msg, after: c.After, lastSeq: s.durable,
+		limit: min(limit, maxHistoryLimit), max: maxBytes, epoch: s.meta.Epoch,
+		done: s.readsWG.Done,
+	}
+	select {
+	case s.h.reads <- job:
+	default:
+		s.readsWG.Done()
+		respond(msg, errorReply(session.Errorf(session.CodeTooManyRequests, "too many history reads in progress; retry")))
+	}
+}
+
+func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command) {
+	if err := session.ValidUser(c.User); err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	role, err := session.ParseRole(string(c.Role))
+	if err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	if c.User == s.meta.Owner {
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "the owner's own role cannot be changed")))
+		return
+	}
+	next := s.metaNext
+	next.Members = cloneMembers(next.Members)
+	if role == session.RoleNone {
+		delete(next.Members, c.User)
+	} else {
+		next.Members[c.User] = role
+	}
+	s.metaNext = next
+	s.metaDirty = true
+	s.emit(session.KindMemberChanged, caller, mustMarshal(session.MemberChangedData{User: c.User, Role: role}),
+		func(err error) {
+			if err != nil {
+				respond(msg, errorReply(err))
+				return
+			}
+			s.h.catalog.put(s.catalogEntry(session.StateActive))
+			respond(msg, session.Reply{})
+		})
+}
+
+// opDelete stops the session for good: the running turn is cancelled, the
+// Cmd subscription drained, then (off the actor) the history, the sandbox and
+// the catalog entry are removed and watchers are told. The reply comes last.
+func (s *sessionActor) opDelete(msg *nats.Msg) {
+	s.phase = phaseDeleting
+	s.deleteMsg = msg
+	if s.runner != nil {
+		s.runner.stop(stopRequest{status: session.TurnCancelled})
+	}
+	s.drain()
+	s.tryFinishDelete()
+}
+
+// tryFinishDelete starts removing the session once nothing runs, nothing is
+// being committed and no command can arrive any more.
+func (s *sessionActor) tryFinishDelete() {
+	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.inflight ||
+		len(s.outbox) > 0 || s.draining != nil {
+		return
+	}
+	s.deleteStarted = true
+	hist, c, sb, msg := s.hist, s.committer, s.sandbox, s.deleteMsg
+	hadSandbox := sb != nil || (s.sandboxState != session.SandboxNone && s.sandboxState != "")
+	s.hist, s.committer, s.sandbox = nil, nil, nil
+	s.spawn(func() {
+		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
+		defer cancel()
+		s.readsWG.Wait()
+		c.stop()
+		var errs []error
+		if err := hist.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := s.h.cfg.Histories.Remove(ctx, s.id); err != nil {
+			errs = append(errs, err)
+		}
+		if sb == nil && hadSandbox {
+			var err error
+			if sb, err = s.h.cfg.Provider.Open(ctx, compute.Spec{Session: s.id}); err != nil {
+				errs = append(errs, fmt.Errorf("open sandbox to destroy it: %w", err))
+			}
+		}
+		if sb != nil {
+			if err := sb.Destroy(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("destroy sandbox: %w", err))
+			}
+		}
+		s.h.catalog.remove(s.id)
+		s.h.catalog.flush()
+		ctl := &nats.Msg{Subject: s.h.cfg.Subjects.Events(s.id), Header: nats.Header{}}
+		ctl.Header.Set(session.HeaderControl, string(session.ControlDeleted))
+		if err := s.h.cfg.NATS.PublishMsg(ctl); err != nil {
+			errs = append(errs, fmt.Errorf("publish deleted: %w", err))
+		}
+		if err := errors.Join(errs...); err != nil {
+			s.log.Warn("delete session", "err", err)
+			respond(msg, errorReply(err))
+		} else {
+			s.log.Info("session deleted")
+			respond(msg, session.Reply{})
+		}
+		s.send(&deletedMsg{})
+	})
+}

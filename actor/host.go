@@ -1,0 +1,305 @@
+// Package actor is the node: it hosts one protoactor-go actor per active
+// session (in-process only), serves the NATS protocol of package session
+// (place requests in a queue group, one Cmd subscription per active session),
+// keeps each session's event log through a History, runs the session's
+// harness turn by turn in a compute sandbox, and hibernates idle sessions.
+//
+// A manager actor owns the session actors: it spawns them, supervises them
+// (a panicking session restarts from its history file) and buffers place
+// requests for a session whose actor is stopping until its Terminated
+// arrives. A session actor is the only writer of its history. It never blocks
+// in Receive: commits run on a committer goroutine it owns (group commit),
+// history reads on the host's read pool, and turns on a runner goroutine that
+// sends output back as messages.
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	proto "github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// Defaults of Config.
+const (
+	DefaultHibernateAfter = 30 * time.Second
+	DefaultTurnTimeout    = 30 * time.Minute
+	DefaultCancelGrace    = 5 * time.Second
+	DefaultMaxTurnOutput  = 8 << 20
+	DefaultReaders        = 4
+)
+
+// startTimeout bounds Start when its context has no deadline.
+const startTimeout = 30 * time.Second
+
+// ShellTemplate is the argv of the built-in "shell" harness template: it
+// consumes the contract's first stdin line and runs the prompt (passed in
+// ATRIUM_PROMPT) with bash.
+var ShellTemplate = []string{"bash", "-lc", `IFS= read -r _atrium_input; eval "$ATRIUM_PROMPT"`}
+
+// Config configures a Host. NATS, Histories and Provider are required.
+type Config struct {
+	// NATS is the connection the host serves on. The caller owns it.
+	NATS *nats.Conn
+	// Subjects names the subjects and buckets; the zero value uses the
+	// default prefix.
+	Subjects session.Subjects
+	// Histories opens and creates session history files.
+	Histories Histories
+	// Provider provisions sandboxes for turns.
+	Provider Provider
+	// NodeID names this node in logs.
+	NodeID string
+	// HibernateAfter is how long an idle session stays active;
+	// DefaultHibernateAfter if zero.
+	HibernateAfter time.Duration
+	// TurnTimeout bounds one turn; DefaultTurnTimeout if zero.
+	TurnTimeout time.Duration
+	// CancelGrace is the time between SIGTERM and SIGKILL when a turn is
+	// cancelled, times out or the host shuts down; DefaultCancelGrace if zero.
+	CancelGrace time.Duration
+	// MaxTurnOutput is how many bytes of harness output one turn may log;
+	// the rest is discarded. DefaultMaxTurnOutput if zero.
+	MaxTurnOutput int64
+	// Templates are named harness argvs; "shell" is built in (ShellTemplate)
+	// unless given here.
+	Templates map[string][]string
+	// Readers is the number of goroutines serving history reads;
+	// DefaultReaders if zero.
+	Readers int
+	// Logger receives the host's and protoactor's logs; slog.Default() if nil.
+	Logger *slog.Logger
+}
+
+// Host runs the session actors of one node. Create it with New, serve with
+// Start, stop with Close.
+type Host struct {
+	cfg       Config
+	log       *slog.Logger
+	templates map[string][]string
+
+	system  *proto.ActorSystem
+	manager *proto.PID
+	// managerDone is closed when the manager has stopped every session after
+	// a shutdown request; managerStopped when the manager itself stopped.
+	managerDone    chan struct{}
+	managerStopped chan struct{}
+
+	kv      jetstream.KeyValue
+	catalog *catalogWriter
+	reads   chan readJob
+	place   *nats.Subscription
+
+	// ctx is cancelled when Close gives up waiting; goroutines use it to
+	// bound their blocking calls.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup // every goroutine the host and its sessions start
+
+	mu       sync.Mutex
+	started  bool  // guarded by mu
+	closed   bool  // guarded by mu
+	closeErr error // guarded by mu
+
+	// beforeCmd, when set (by tests, before Start), runs in a session actor
+	// before each command it handles; a panic there exercises supervision.
+	beforeCmd func(id session.ID, c *session.Command)
+}
+
+// New validates cfg, fills in defaults and returns a Host that is not yet
+// serving.
+func New(cfg Config) (*Host, error) {
+	if cfg.NATS == nil {
+		return nil, errors.New("new host: NATS connection is required")
+	}
+	if cfg.Histories == nil {
+		return nil, errors.New("new host: Histories is required")
+	}
+	if cfg.Provider == nil {
+		return nil, errors.New("new host: Provider is required")
+	}
+	if cfg.HibernateAfter <= 0 {
+		cfg.HibernateAfter = DefaultHibernateAfter
+	}
+	if cfg.TurnTimeout <= 0 {
+		cfg.TurnTimeout = DefaultTurnTimeout
+	}
+	if cfg.CancelGrace <= 0 {
+		cfg.CancelGrace = DefaultCancelGrace
+	}
+	if cfg.MaxTurnOutput <= 0 {
+		cfg.MaxTurnOutput = DefaultMaxTurnOutput
+	}
+	if cfg.Readers <= 0 {
+		cfg.Readers = DefaultReaders
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	templates := map[string][]string{session.DefaultTemplate: ShellTemplate}
+	for name, argv := range cfg.Templates {
+		if len(argv) == 0 {
+			return nil, fmt.Errorf("new host: harness template %q has an empty command", name)
+		}
+		templates[name] = argv
+	}
+	log := cfg.Logger
+	if cfg.NodeID != "" {
+		log = log.With("node", cfg.NodeID)
+	}
+	h := &Host{
+		cfg:            cfg,
+		log:            log,
+		templates:      templates,
+		managerDone:    make(chan struct{}),
+		managerStopped: make(chan struct{}),
+	}
+	h.ctx, h.cancel = context.WithCancelCause(context.Background())
+	return h, nil
+}
+
+// Start creates (or opens) the catalog bucket, starts the actor system and
+// subscribes to the place subject. When it returns, the node serves.
+func (h *Host) Start(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.started || h.closed {
+		return errors.New("start host: already started or closed")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, startTimeout)
+		defer cancel()
+	}
+	js, err := jetstream.New(h.cfg.NATS)
+	if err != nil {
+		return fmt.Errorf("start host: jetstream: %w", err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      h.cfg.Subjects.CatalogBucket(),
+		Description: "Atrium session catalog",
+	})
+	if err != nil {
+		return fmt.Errorf("start host: open catalog bucket %s: %w", h.cfg.Subjects.CatalogBucket(), err)
+	}
+	h.kv = kv
+	h.catalog = newCatalogWriter(kv, h.log)
+	h.wg.Go(h.catalog.run)
+
+	h.reads = make(chan readJob, readQueue)
+	for range h.cfg.Readers {
+		h.wg.Go(h.readLoop)
+	}
+
+	plog := h.log.With("lib", "protoactor")
+	h.system = proto.NewActorSystem(
+		proto.WithLoggerFactory(func(*proto.ActorSystem) *slog.Logger { return plog }),
+		// The dead-letter throttle runs a goroutine for one interval; keep
+		// it short so a stopped host leaves nothing behind for long.
+		proto.WithDeadLetterThrottleInterval(50*time.Millisecond),
+		proto.WithDeadLetterRequestLogging(false),
+	)
+	props := proto.PropsFromProducer(func() proto.Actor { return newManager(h) },
+		proto.WithSupervisor(proto.NewOneForOneStrategy(maxRestarts, restartWindow, restartDecider)))
+	h.manager, err = h.system.Root.SpawnNamed(props, "sessions")
+	if err != nil {
+		h.stopWorkersLocked()
+		return fmt.Errorf("start host: spawn manager: %w", err)
+	}
+
+	h.place, err = h.cfg.NATS.QueueSubscribe(h.cfg.Subjects.Place(), h.cfg.Subjects.PlaceQueue(), h.onPlace)
+	if err == nil {
+		err = h.cfg.NATS.FlushWithContext(ctx)
+	}
+	if err != nil {
+		h.system.Root.Stop(h.manager)
+		<-h.managerStopped
+		h.stopWorkersLocked()
+		return fmt.Errorf("start host: subscribe %s: %w", h.cfg.Subjects.Place(), err)
+	}
+	h.started = true
+	h.log.Info("node serving", "subject", h.cfg.Subjects.Place())
+	return nil
+}
+
+// Close stops serving: running turns are cancelled (SIGTERM, then SIGKILL
+// after CancelGrace) and finished as cancelled, everything pending is
+// committed, history files are closed, subscriptions drained and the actor
+// system shut down. If ctx ends first, sessions are stopped at once. It is
+// safe to call twice.
+func (h *Host) Close(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return h.closeErr
+	}
+	h.closed = true
+	if !h.started {
+		h.cancel(errors.New("host closed"))
+		return nil
+	}
+	var errs []error
+	if err := h.place.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		errs = append(errs, fmt.Errorf("drain place subscription: %w", err))
+	} else {
+		waitSubClosed(ctx, h.place)
+	}
+	h.system.Root.Send(h.manager, &shutdown{})
+	select {
+	case <-h.managerDone:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("close host: stopping sessions at once: %w", context.Cause(ctx)))
+		h.cancel(context.Cause(ctx))
+	}
+	h.system.Root.Stop(h.manager)
+	<-h.managerStopped
+	h.stopWorkersLocked()
+	h.system.Shutdown()
+	h.closeErr = errors.Join(errs...)
+	return h.closeErr
+}
+
+// stopWorkersLocked stops the read pool and the catalog writer (flushing it)
+// and waits for every goroutine of the host.
+func (h *Host) stopWorkersLocked() {
+	close(h.reads)
+	h.catalog.stop()
+	h.wg.Wait()
+	h.cancel(errors.New("host closed"))
+}
+
+// waitSubClosed waits until a draining subscription has closed or ctx ends.
+func waitSubClosed(ctx context.Context, sub *nats.Subscription) {
+	ch := sub.StatusChanged(nats.SubscriptionClosed)
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// onPlace runs on the place subscription's goroutine.
+func (h *Host) onPlace(msg *nats.Msg) {
+	p, err := h.parsePlace(msg)
+	if err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	h.system.Root.Send(h.manager, p)
+}
+
+// Supervision of session actors: restart from the history file, but stop a
+// session that keeps failing.
+const (
+	maxRestarts   = 5
+	restartWindow = 10 * time.Second
+)
+
+func restartDecider(any) proto.Directive { return proto.RestartDirective }

@@ -1,0 +1,202 @@
+package actor
+
+import (
+	"bytes"
+	"encoding/json"
+
+	proto "github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// placeMsg is a request from the place subject, already parsed.
+type placeMsg struct {
+	msg  *nats.Msg
+	req  session.PlaceRequest
+	user session.Principal
+}
+
+// passivate is a session actor asking the manager to stop it: it has closed
+// its history and its Cmd subscription is gone.
+type passivate struct{ pid *proto.PID }
+
+// bounced is a place request a passivating session actor hands back.
+type bounced struct{ m *placeMsg }
+
+// shutdown asks the manager (and through it every session) to stop.
+type shutdown struct{}
+
+// child is the manager's record of one session actor.
+type child struct {
+	pid      *proto.PID
+	spawn    *spawnInfo
+	stopping bool        // Stop sent; waiting for Terminated
+	buffer   []*placeMsg // requests that arrived while stopping
+}
+
+// manager owns the session actors of the node. It is the only one that
+// spawns them, so there is never more than one actor per session; while an
+// actor is stopping (it may still hold its history file) requests for its
+// session wait in the buffer until Terminated arrives.
+type manager struct {
+	h        *Host
+	children map[session.ID]*child
+	byPID    map[string]session.ID
+	shutting bool
+	done     bool // managerDone closed
+}
+
+func newManager(h *Host) *manager {
+	return &manager{h: h, children: map[session.ID]*child{}, byPID: map[string]session.ID{}}
+}
+
+// onPlace parses a place request on the subscription's goroutine; requests
+// that are malformed are answered here, the rest go to the manager.
+func (h *Host) parsePlace(msg *nats.Msg) (*placeMsg, error) {
+	p := &placeMsg{msg: msg, user: principal(msg)}
+	if err := json.Unmarshal(msg.Data, &p.req); err != nil {
+		return nil, session.Errorf(session.CodeBadRequest, "place request is not valid JSON: %v", err)
+	}
+	if err := p.req.Session.Validate(); err != nil {
+		return nil, err
+	}
+	if err := session.ValidUser(p.user.User); err != nil {
+		return nil, session.Errorf(session.CodeUnauthenticated, "no valid caller in the %s header", session.HeaderUser)
+	}
+	switch p.req.Op {
+	case session.PlaceActivate:
+	case session.PlaceCreate:
+		if len(p.req.Title) > session.MaxTitleBytes {
+			return nil, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)
+		}
+		if err := p.req.Harness.Validate(); err != nil {
+			return nil, err
+		}
+		if t := p.req.Harness.Template; t != "" {
+			if _, ok := h.templates[t]; !ok {
+				return nil, session.Errorf(session.CodeBadRequest, "unknown harness template %q", t)
+			}
+		}
+	default:
+		return nil, session.Errorf(session.CodeBadRequest, "unknown place op %q", p.req.Op)
+	}
+	return p, nil
+}
+
+func (m *manager) Receive(ctx proto.Context) {
+	switch msg := ctx.Message().(type) {
+	case *placeMsg:
+		m.route(ctx, msg)
+	case *bounced:
+		m.route(ctx, msg.m)
+	case *passivate:
+		id, ok := m.byPID[msg.pid.Id]
+		if c := m.children[id]; ok && c != nil && !c.stopping && c.pid.Equal(msg.pid) {
+			// Poison, not Stop: requests already in the child's mailbox
+			// come before the pill, so the child bounces them back here
+			// instead of dropping them.
+			c.stopping = true
+			ctx.Poison(c.pid)
+		}
+	case *proto.Terminated:
+		m.terminated(ctx, msg.Who)
+	case *shutdown:
+		m.shutting = true
+		for _, c := range m.children {
+			ctx.Send(c.pid, &shutdownSession{})
+		}
+		m.checkDone()
+	case *proto.Stopped:
+		close(m.h.managerStopped)
+	}
+}
+
+func (m *manager) route(ctx proto.Context, p *placeMsg) {
+	if m.shutting {
+		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "this node is shutting down; retry")))
+		return
+	}
+	id := p.req.Session
+	c := m.children[id]
+	if c == nil {
+		c = m.spawn(ctx, id)
+		if c == nil {
+			respond(p.msg, errorReply(session.Errorf(session.CodeInternal, "could not start the session")))
+			return
+		}
+	}
+	if c.stopping {
+		c.buffer = append(c.buffer, p)
+		return
+	}
+	ctx.Send(c.pid, p)
+}
+
+func (m *manager) spawn(ctx proto.Context, id session.ID) *child {
+	info := &spawnInfo{}
+	props := proto.PropsFromProducer(func() proto.Actor { return newSessionActor(m.h, id, info) })
+	pid, err := ctx.SpawnNamed(props, string(id))
+	if err != nil {
+		m.h.log.Error("spawn session actor", "session", id, "err", err)
+		return nil
+	}
+	c := &child{pid: pid, spawn: info}
+	m.children[id] = c
+	m.byPID[pid.Id] = id
+	return c
+}
+
+func (m *manager) terminated(ctx proto.Context, who *proto.PID) {
+	id, ok := m.byPID[who.Id]
+	if !ok {
+		return
+	}
+	delete(m.byPID, who.Id)
+	c := m.children[id]
+	if c == nil || !c.pid.Equal(who) {
+		return
+	}
+	delete(m.children, id)
+	buffered := c.buffer
+	for _, p := range buffered {
+		m.route(ctx, p) // respawns, or refuses when shutting down
+	}
+	m.checkDone()
+}
+
+func (m *manager) checkDone() {
+	if m.shutting && len(m.children) == 0 && !m.done {
+		m.done = true
+		close(m.h.managerDone)
+	}
+}
+
+// principal reads the caller from a request's headers, which only gateways
+// set.
+func principal(msg *nats.Msg) session.Principal {
+	if msg.Header == nil {
+		return session.Principal{}
+	}
+	return session.Principal{User: msg.Header.Get(session.HeaderUser), Tenant: msg.Header.Get(session.HeaderTenant)}
+}
+
+// respond answers a request with rep; a request without a reply subject is
+// dropped.
+func respond(msg *nats.Msg, rep session.Reply) {
+	if msg == nil || msg.Reply == "" {
+		return
+	}
+	// Without HTML escaping, so events in a history reply keep the exact
+	// bytes that were stored and published.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(rep); err != nil {
+		buf.Reset()
+		enc.Encode(errorReply(err))
+	}
+	_ = msg.Respond(bytes.TrimSuffix(buf.Bytes(), []byte{'\n'})) // The requester may be gone; nothing to do then.
+}
+
+func errorReply(err error) session.Reply { return session.Reply{Error: session.AsError(err)} }

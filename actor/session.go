@@ -1,0 +1,742 @@
+package actor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	proto "github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
+)
+
+// openTimeout bounds opening or creating a history and subscribing.
+const openTimeout = 30 * time.Second
+
+// spawnInfo is shared by the incarnations of one session actor (a restart
+// after a panic makes a new instance from the same props).
+type spawnInfo struct {
+	opened atomic.Bool // an incarnation opened the history: restarts open it at once
+}
+
+// phase is where a session actor is in its life.
+type phase int
+
+const (
+	phaseNew         phase = iota // waiting for the place request that says create or open
+	phaseOpening                  // opening or creating the history, subscribing
+	phaseActive                   // serving its Cmd subject
+	phaseDraining                 // Cmd subscription draining before hibernation
+	phaseWaking                   // re-subscribing after a drain that found new work
+	phaseClosing                  // closing the history before hibernation
+	phasePassivating              // asked the manager to stop it; bounces place requests
+	phaseDeleting                 // delete in progress
+)
+
+// cmdMsg is a request from the session's Cmd subscription.
+type cmdMsg struct{ msg *nats.Msg }
+
+// shutdownSession tells a session that the host is closing.
+type shutdownSession struct{}
+
+// selfMsg wraps everything a session actor's own goroutines send it. A
+// message from a previous incarnation (before a restart) is ignored. It does
+// not reset the idle timer.
+type selfMsg struct {
+	inst *sessionActor
+	m    any
+}
+
+func (*selfMsg) NotInfluenceReceiveTimeout() {}
+
+// Messages inside selfMsg.
+type (
+	opened     struct{} // the result is in sessionActor.handoff
+	subscribed struct{} // likewise
+	cmdDrained struct{ sub *nats.Subscription }
+	closedMsg  struct{}
+	deletedMsg struct{}
+)
+
+// handoff carries what an opening or subscribing goroutine produced to the
+// actor; if the actor is torn down first, teardown releases it.
+type handoff struct {
+	hist History
+	sub  *nats.Subscription
+	open *openResult
+	err  error
+}
+
+// openResult is what activation learned from the history.
+type openResult struct {
+	meta     session.Meta
+	last     session.Seq
+	lastTurn int64
+	sandbox  session.SandboxState
+}
+
+// sessionActor owns one session: its history (sole writer), its turn queue,
+// its Cmd subscription and its sandbox. All fields are owned by the actor's
+// goroutine, except where noted.
+type sessionActor struct {
+	h    *Host
+	id   session.ID
+	info *spawnInfo
+	log  *slog.Logger
+	self *proto.PID
+
+	wg      sync.WaitGroup // goroutines of this incarnation
+	readsWG sync.WaitGroup // history reads in flight on the read pool
+
+	mu      sync.Mutex
+	handoff *handoff // guarded by mu
+
+	phase    phase
+	creator  *placeMsg   // the create request being served
+	waiting  []*placeMsg // place requests answered once the Cmd subscription is live
+	early    []*cmdMsg   // commands that arrived before the history was open
+	current  *nats.Msg   // the command being handled, answered if it panics
+	shutting bool
+
+	hist      History
+	sub       *nats.Subscription
+	draining  *nats.Subscription
+	committer *committer
+	meta      session.Meta // durable metadata
+	metaNext  session.Meta // metadata including changes not yet committed
+	metaDirty bool         // metaNext must be written with the next batch
+
+	nextSeq  session.Seq // seq of the next event
+	durable  session.Seq // seq of the last committed event
+	outbox   []pendingEvent
+	inflight bool // a batch is being committed
+
+	turns        session.Turns
+	runner       *runner
+	sandbox      compute.Sandbox
+	sandboxState session.SandboxState
+	recent       recentPrompts
+
+	deleteMsg     *nats.Msg
+	deleteStarted bool
+}
+
+func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
+	return &sessionActor{
+		h:            h,
+		id:           id,
+		info:         info,
+		log:          h.log.With("session", id),
+		sandboxState: session.SandboxNone,
+	}
+}
+
+// Receive handles one message. It never blocks on disk, the network or a
+// future: those run on goroutines the actor owns, which report back with
+// selfMsg.
+func (s *sessionActor) Receive(ctx proto.Context) {
+	switch m := ctx.Message().(type) {
+	case *proto.Started:
+		s.self = ctx.Self()
+		if s.info.opened.Load() {
+			s.startOpen(nil) // a restart: reopen from the history file
+		}
+	case *proto.Restarting:
+		if s.current != nil {
+			respond(s.current, errorReply(session.Errorf(session.CodeInternal, "internal error; the session restarted")))
+			s.current = nil
+		}
+		s.teardownNow("restart")
+		return
+	case *proto.Stopping:
+		s.teardownNow("stop")
+		return
+	case *proto.Stopped:
+		return
+	case *proto.ReceiveTimeout:
+		s.onIdle(ctx)
+	case *placeMsg:
+		s.onPlace(ctx, m)
+	case *cmdMsg:
+		s.onCmd(m)
+	case *shutdownSession:
+		s.onShutdown(ctx)
+	case *selfMsg:
+		if m.inst != s {
+			s.dropStale(m.m)
+			return
+		}
+		s.onSelf(ctx, m.m)
+	}
+	s.flush()
+	s.maybeShutdown()
+	s.tryFinishDelete()
+	s.armTimeout(ctx)
+}
+
+func (s *sessionActor) onSelf(ctx proto.Context, m any) {
+	switch m := m.(type) {
+	case *opened:
+		s.onOpened(ctx)
+	case *subscribed:
+		s.onSubscribed(ctx)
+	case *cmdDrained:
+		s.onDrained(ctx, m.sub)
+	case *closedMsg:
+		s.passivate(ctx)
+	case *deletedMsg:
+		s.passivate(ctx)
+	case *committed:
+		s.onCommitted(m)
+	case *turnEvent:
+		s.onTurnEvent(m)
+	case *turnApproval:
+		s.onTurnApproval(m)
+	case *turnSandbox:
+		s.onTurnSandbox(m)
+	case *turnExited:
+		s.onTurnExited(m)
+	}
+}
+
+// dropStale releases what a message from a previous incarnation holds.
+func (s *sessionActor) dropStale(m any) {
+	if e, ok := m.(*turnEvent); ok {
+		e.r.release()
+	}
+}
+
+// send delivers m to this incarnation from any goroutine.
+func (s *sessionActor) send(m any) {
+	s.h.system.Root.Send(s.self, &selfMsg{inst: s, m: m})
+}
+
+// spawn runs f on a goroutine owned by this incarnation (and by the host).
+func (s *sessionActor) spawn(f func()) {
+	s.wg.Add(1)
+	s.h.wg.Add(1)
+	go func() {
+		defer s.h.wg.Done()
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// armTimeout runs the hibernation timer while the session is idle.
+func (s *sessionActor) armTimeout(ctx proto.Context) {
+	if (s.phase == phaseActive && s.idle()) || s.phase == phaseNew {
+		ctx.SetReceiveTimeout(s.h.cfg.HibernateAfter)
+	} else {
+		ctx.CancelReceiveTimeout()
+	}
+}
+
+// idle reports whether nothing is running, queued, uncommitted or waiting.
+func (s *sessionActor) idle() bool {
+	return s.runner == nil && s.turns.Idle() && !s.inflight && len(s.outbox) == 0 &&
+		!s.metaDirty && len(s.waiting) == 0
+}
+
+// quiet is idle for a session that is shutting down: queued prompts stay in
+// the log and do not run.
+func (s *sessionActor) quiet() bool {
+	return s.runner == nil && !s.inflight && len(s.outbox) == 0 && !s.metaDirty
+}
+
+// --- activation -----------------------------------------------------------
+
+func (s *sessionActor) onPlace(ctx proto.Context, p *placeMsg) {
+	switch s.phase {
+	case phaseNew:
+		if p.req.Op == session.PlaceCreate {
+			s.creator = p
+			s.startOpen(p)
+			return
+		}
+		s.waiting = append(s.waiting, p)
+		s.startOpen(nil)
+	case phaseOpening, phaseDraining, phaseWaking, phaseClosing:
+		s.waiting = append(s.waiting, p)
+	case phaseActive:
+		s.answerPlace(p)
+	case phasePassivating:
+		ctx.Send(ctx.Parent(), &bounced{m: p})
+	case phaseDeleting:
+		respond(p.msg, errorReply(session.Errorf(session.CodeNotFound, "session not found")))
+	}
+}
+
+// answerPlace answers a place request once the Cmd subscription is live.
+func (s *sessionActor) answerPlace(p *placeMsg) {
+	if p.req.Op == session.PlaceCreate {
+		if p != s.creator {
+			respond(p.msg, errorReply(session.Errorf(session.CodeConflict, "session %s already exists", s.id)))
+			return
+		}
+		s.creator = nil
+		sess := s.sessionFor(p.user.User)
+		respond(p.msg, session.Reply{Session: &sess})
+		return
+	}
+	respond(p.msg, session.Reply{})
+}
+
+// startOpen opens (or, for create, creates) the history on a goroutine and
+// subscribes the Cmd subject; the result comes back as opened.
+func (s *sessionActor) startOpen(create *placeMsg) {
+	s.phase = phaseOpening
+	subject := s.h.cfg.Subjects.Cmd(s.id)
+	self := s.self
+	s.spawn(func() {
+		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
+		defer cancel()
+		var ho *handoff
+		if create != nil {
+			ho = s.create(ctx, create)
+		} else {
+			ho = s.open(ctx)
+		}
+		if ho.err == nil {
+			ho.sub, ho.err = s.subscribe(ctx, subject, self)
+			if ho.err != nil {
+				ho.hist.Close()
+				ho.hist = nil
+			}
+		}
+		s.mu.Lock()
+		s.handoff = ho
+		s.mu.Unlock()
+		s.send(&opened{})
+	})
+}
+
+// subscribe subscribes the Cmd subject and waits until the server has it.
+func (s *sessionActor) subscribe(ctx context.Context, subject string, self *proto.PID) (*nats.Subscription, error) {
+	root := s.h.system.Root
+	sub, err := s.h.cfg.NATS.Subscribe(subject, func(msg *nats.Msg) { root.Send(self, &cmdMsg{msg: msg}) })
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
+	}
+	if err := s.h.cfg.NATS.FlushWithContext(ctx); err != nil {
+		sub.Unsubscribe()
+		return nil, fmt.Errorf("subscribe %s: flush: %w", subject, err)
+	}
+	return sub, nil
+}
+
+func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
+	now := time.Now().UTC()
+	m := session.Meta{
+		ID:        s.id,
+		Title:     p.req.Title,
+		Owner:     p.user.User,
+		Tenant:    p.user.Tenant,
+		Epoch:     session.NewEpoch(),
+		CreatedAt: session.Time{Time: now},
+		Members:   session.Members{p.user.User: session.RoleOwner},
+		Harness:   p.req.Harness,
+	}
+	hist, err := s.h.cfg.Histories.Create(ctx, m)
+	if err != nil {
+		return &handoff{err: fmt.Errorf("create session %s: %w", s.id, err)}
+	}
+	fail := func(err error) *handoff {
+		hist.Close()
+		if rerr := s.h.cfg.Histories.Remove(context.WithoutCancel(ctx), s.id); rerr != nil {
+			s.log.Warn("remove history of a failed create", "err", rerr)
+		}
+		return &handoff{err: err}
+	}
+	ev := encodeEvent(1, m.Epoch, now, session.KindSessionCreated, p.user.User,
+		mustMarshal(session.SessionCreatedData{Title: m.Title}))
+	if err := hist.Append(ctx, []session.Stored{ev}); err != nil {
+		return fail(fmt.Errorf("create session %s: %w", s.id, err))
+	}
+	entry := catalogEntry(m, 1, session.StateActive, session.SandboxNone)
+	b, _ := json.Marshal(entry)
+	if _, err := s.h.kv.Create(ctx, string(s.id), b); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			err = session.Errorf(session.CodeConflict, "session %s already exists", s.id)
+		}
+		return fail(fmt.Errorf("create session %s: catalog: %w", s.id, err))
+	}
+	s.publish(ev.JSON)
+	return &handoff{hist: hist, open: &openResult{meta: m, last: 1, sandbox: session.SandboxNone}}
+}
+
+// open opens an existing history and, if the process stopped in the middle
+// of a turn, finishes that turn in the log before serving.
+func (s *sessionActor) open(ctx context.Context) *handoff {
+	hist, err := s.h.cfg.Histories.Open(ctx, s.id)
+	if err != nil {
+		return &handoff{err: fmt.Errorf("activate session %s: %w", s.id, err)}
+	}
+	res, err := s.recover(ctx, hist)
+	if err != nil {
+		hist.Close()
+		return &handoff{err: fmt.Errorf("activate session %s: %w", s.id, err)}
+	}
+	return &handoff{hist: hist, open: res}
+}
+
+func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, error) {
+	m, err := hist.Meta(ctx)
+	if err != nil {
+		return nil, err
+	}
+	last, err := hist.LastSeq(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := &openResult{meta: m, last: last, sandbox: session.SandboxNone}
+	if raw, err := hist.LastOfKind(ctx, session.KindSandbox); err != nil {
+		return nil, err
+	} else if raw != nil {
+		var d session.SandboxData
+		if _, err := decodeEvent(raw, &d); err == nil && d.State != "" {
+			res.sandbox = d.State
+		}
+	}
+	var started, finished session.TurnStartedData
+	rawStarted, err := hist.LastOfKind(ctx, session.KindTurnStarted)
+	if err != nil || rawStarted == nil {
+		return res, err
+	}
+	startEv, err := decodeEvent(rawStarted, &started)
+	if err != nil {
+		return nil, fmt.Errorf("decode last turn_started: %w", err)
+	}
+	res.lastTurn = started.Turn
+	rawFinished, err := hist.LastOfKind(ctx, session.KindTurnFinished)
+	if err != nil {
+		return nil, err
+	}
+	if rawFinished != nil {
+		if _, err := decodeEvent(rawFinished, &finished); err != nil {
+			return nil, fmt.Errorf("decode last turn_finished: %w", err)
+		}
+	}
+	if finished.Turn >= started.Turn {
+		return res, nil
+	}
+	// The process stopped during turn N: say so and finish it.
+	now := time.Now().UTC()
+	evs := []session.Stored{
+		encodeEvent(last+1, m.Epoch, now, session.KindError, session.BySystem, mustMarshal(session.ErrorData{
+			Code:    session.CodeUnavailable,
+			Message: fmt.Sprintf("turn %d was interrupted because the server stopped", started.Turn),
+		})),
+		encodeEvent(last+2, m.Epoch, now, session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
+			Turn: started.Turn, Status: session.TurnFailed, ExitCode: -1,
+			DurationMS: max(now.Sub(startEv.Time.Time).Milliseconds(), 0),
+		})),
+	}
+	if err := hist.Append(ctx, evs); err != nil {
+		return nil, fmt.Errorf("finish interrupted turn %d: %w", started.Turn, err)
+	}
+	for _, ev := range evs {
+		s.publish(ev.JSON)
+	}
+	res.last += 2
+	s.log.Info("finished a turn interrupted by a stop", "turn", started.Turn)
+	return res, nil
+}
+
+func (s *sessionActor) takeHandoff() *handoff {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ho := s.handoff
+	s.handoff = nil
+	return ho
+}
+
+func (s *sessionActor) onOpened(ctx proto.Context) {
+	ho := s.takeHandoff()
+	if ho == nil {
+		return
+	}
+	if ho.err != nil {
+		if !errors.Is(ho.err, session.ErrNotFound) && !errors.Is(ho.err, session.ErrConflict) {
+			s.log.Warn("activate session", "err", ho.err)
+		}
+		rep := errorReply(ho.err)
+		if s.creator != nil {
+			respond(s.creator.msg, rep)
+			s.creator = nil
+		}
+		for _, p := range s.waiting {
+			respond(p.msg, rep)
+		}
+		s.waiting = nil
+		s.phase = phasePassivating
+		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
+		return
+	}
+	s.info.opened.Store(true)
+	s.hist, s.sub = ho.hist, ho.sub
+	s.meta, s.metaNext = ho.open.meta, ho.open.meta
+	s.durable, s.nextSeq = ho.open.last, ho.open.last+1
+	s.turns.Restore(ho.open.lastTurn)
+	s.sandboxState = ho.open.sandbox
+	s.committer = s.startCommitter(s.hist)
+	s.phase = phaseActive
+	s.h.catalog.put(s.catalogEntry(session.StateActive))
+	s.log.Debug("session active", "last_seq", s.durable)
+	if s.creator != nil {
+		s.answerPlace(s.creator)
+	}
+	s.answerWaiting()
+	early := s.early
+	s.early = nil
+	for _, c := range early {
+		s.onCmd(c)
+	}
+}
+
+func (s *sessionActor) answerWaiting() {
+	waiting := s.waiting
+	s.waiting = nil
+	for _, p := range waiting {
+		s.answerPlace(p)
+	}
+}
+
+// --- hibernation ----------------------------------------------------------
+
+func (s *sessionActor) onIdle(ctx proto.Context) {
+	switch {
+	case s.phase == phaseNew:
+		s.phase = phasePassivating
+		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
+	case s.phase == phaseActive && s.idle():
+		s.log.Debug("hibernating")
+		s.drain()
+	}
+}
+
+// drain stops new commands from reaching the session: the Cmd subscription
+// is drained, so commands already delivered are still handled, and a request
+// sent after the server dropped the interest fails with no responders, which
+// makes the gateway place the session again.
+func (s *sessionActor) drain() {
+	sub := s.sub
+	s.sub = nil
+	s.draining = sub
+	if s.phase != phaseDeleting {
+		s.phase = phaseDraining
+	}
+	if sub == nil {
+		s.send(&cmdDrained{})
+		return
+	}
+	if err := sub.Drain(); err != nil {
+		sub.Unsubscribe()
+		s.send(&cmdDrained{sub: sub})
+		return
+	}
+	s.spawn(func() {
+		waitSubClosed(s.h.ctx, sub)
+		s.send(&cmdDrained{sub: sub})
+	})
+}
+
+func (s *sessionActor) onDrained(ctx proto.Context, sub *nats.Subscription) {
+	if sub != s.draining {
+		return
+	}
+	s.draining = nil
+	switch s.phase {
+	case phaseDeleting:
+		s.tryFinishDelete()
+	case phaseDraining:
+		if s.shutting && s.quiet() || !s.shutting && s.idle() {
+			s.close(ctx)
+			return
+		}
+		// Work arrived while draining: serve again.
+		s.phase = phaseWaking
+		subject, self := s.h.cfg.Subjects.Cmd(s.id), s.self
+		s.spawn(func() {
+			ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
+			defer cancel()
+			sub, err := s.subscribe(ctx, subject, self)
+			s.mu.Lock()
+			s.handoff = &handoff{sub: sub, err: err}
+			s.mu.Unlock()
+			s.send(&subscribed{})
+		})
+	}
+}
+
+func (s *sessionActor) onSubscribed(ctx proto.Context) {
+	ho := s.takeHandoff()
+	if ho == nil {
+		return
+	}
+	if s.phase != phaseWaking {
+		if ho.sub != nil {
+			ho.sub.Unsubscribe()
+		}
+		return
+	}
+	s.phase = phaseActive
+	if ho.err != nil {
+		// Without a subscription nobody can reach the session: it finishes
+		// what it has and hibernates; the next request places it again.
+		s.log.Warn("re-subscribe", "err", ho.err)
+		for _, p := range s.waiting {
+			respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session could not subscribe; retry")))
+		}
+		s.waiting = nil
+		return
+	}
+	s.sub = ho.sub
+	s.answerWaiting()
+}
+
+// close closes the history on a goroutine once reads and commits are done;
+// closedMsg follows.
+func (s *sessionActor) close(ctx proto.Context) {
+	s.phase = phaseClosing
+	hist, c := s.hist, s.committer
+	s.committer = nil
+	entry := s.catalogEntry(session.StateHibernated)
+	s.spawn(func() {
+		s.readsWG.Wait()
+		c.stop()
+		s.h.catalog.put(entry)
+		if err := hist.Close(); err != nil {
+			s.log.Warn("close history", "err", err)
+		}
+		s.send(&closedMsg{})
+	})
+	s.hist = nil
+}
+
+// passivate asks the manager to stop this actor; place requests that arrive
+// meanwhile go back to the manager, which holds them until the actor is gone
+// and then starts a new one.
+func (s *sessionActor) passivate(ctx proto.Context) {
+	s.phase = phasePassivating
+	ctx.Send(ctx.Parent(), &passivate{pid: s.self})
+	for _, p := range s.waiting {
+		ctx.Send(ctx.Parent(), &bounced{m: p})
+	}
+	s.waiting = nil
+}
+
+// --- shutdown -------------------------------------------------------------
+
+func (s *sessionActor) onShutdown(ctx proto.Context) {
+	s.shutting = true
+	switch s.phase {
+	case phaseNew:
+		s.phase = phasePassivating
+		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
+	case phaseActive:
+		if s.runner != nil {
+			s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
+		}
+	}
+}
+
+// maybeShutdown starts hibernating a session of a closing host as soon as
+// its running turn has finished and everything is committed.
+func (s *sessionActor) maybeShutdown() {
+	if s.shutting && s.phase == phaseActive && s.quiet() {
+		s.drain()
+	}
+}
+
+// teardownNow releases everything at once: the actor is being stopped or
+// restarted without going through hibernation. It waits for the actor's
+// goroutines, which all end promptly once the runner is killed and the
+// committer's queue is closed.
+func (s *sessionActor) teardownNow(why string) {
+	if s.sub != nil {
+		s.sub.Unsubscribe()
+		s.sub = nil
+	}
+	if s.draining != nil {
+		s.draining.Unsubscribe()
+		s.draining = nil
+	}
+	if s.runner != nil {
+		s.runner.abandon()
+		s.runner = nil
+	}
+	if s.committer != nil {
+		s.committer.stop()
+		s.committer = nil
+	}
+	s.wg.Wait()
+	s.readsWG.Wait()
+	if ho := s.takeHandoff(); ho != nil {
+		if ho.sub != nil {
+			ho.sub.Unsubscribe()
+		}
+		if ho.hist != nil {
+			ho.hist.Close()
+		}
+	}
+	if s.hist != nil {
+		if err := s.hist.Close(); err != nil {
+			s.log.Warn("close history", "err", err)
+		}
+		s.hist = nil
+	}
+	for _, p := range s.waiting {
+		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session stopped; retry")))
+	}
+	s.waiting = nil
+	if s.phase != phasePassivating {
+		s.log.Info("session actor torn down", "why", why)
+	}
+}
+
+// --- helpers --------------------------------------------------------------
+
+func (s *sessionActor) publish(b []byte) {
+	if err := s.h.cfg.NATS.Publish(s.h.cfg.Subjects.Events(s.id), b); err != nil {
+		s.log.Warn("publish event", "err", err)
+	}
+}
+
+func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
+	return catalogEntry(s.meta, s.durable, state, s.sandboxState)
+}
+
+func catalogEntry(m session.Meta, last session.Seq, state session.State, sb session.SandboxState) session.CatalogEntry {
+	return session.CatalogEntry{
+		ID: m.ID, Title: m.Title, Owner: m.Owner, Tenant: m.Tenant, Members: m.Members,
+		CreatedAt: m.CreatedAt, Epoch: m.Epoch, State: state, LastSeq: last, Sandbox: sb,
+	}
+}
+
+// roleOf returns user's role; a caller from another tenant has none.
+func (s *sessionActor) roleOf(p session.Principal) session.Role {
+	if s.meta.Tenant != "" && p.Tenant != s.meta.Tenant {
+		return session.RoleNone
+	}
+	return s.meta.Members.RoleOf(p.User)
+}
+
+func (s *sessionActor) sessionFor(user string) session.Session {
+	state := s.sandboxState
+	if s.sandbox != nil {
+		state = s.sandbox.State()
+	}
+	return session.Session{
+		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
+		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
+		Sandbox: session.SandboxInfo{State: state}, Role: s.meta.Members.RoleOf(user),
+	}
+}

@@ -1,0 +1,569 @@
+package actor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
+)
+
+const (
+	// outputCredits bounds the output events of a turn that are sent to the
+	// actor but not yet committed; the runner stops reading the harness's
+	// pipes until one is committed, so memory stays bounded whatever the
+	// harness prints.
+	outputCredits = 16
+	// flushDelay is how long plain output may wait to be coalesced with
+	// more before it is sent, so live output stays live.
+	flushDelay = 15 * time.Millisecond
+	// answerQueue bounds approval answers waiting to be written to stdin.
+	answerQueue = 64
+	// maxShellPrompt is the longest prompt the built-in shell template can
+	// run: Linux limits one environment string to 128 KiB.
+	maxShellPrompt = 128<<10 - 1 - len(session.EnvPrompt+"=")
+)
+
+// Messages from a runner to its session actor (inside selfMsg).
+type (
+	// turnEvent is a harness event to log; the runner's credit is released
+	// once it is committed or dropped.
+	turnEvent struct {
+		r    *runner
+		kind session.Kind
+		data json.RawMessage
+	}
+	// turnApproval is an approval request; it holds a credit too.
+	turnApproval struct {
+		r           *runner
+		id, summary string
+	}
+	// turnSandbox reports the sandbox the runner opened (or why it could
+	// not).
+	turnSandbox struct {
+		r   *runner
+		sb  compute.Sandbox
+		err error
+	}
+	// turnExited is the runner's last message: how the turn ended.
+	turnExited struct {
+		r        *runner
+		status   session.TurnStatus
+		code     int
+		duration time.Duration
+		errors   []session.ErrorData // error events to log before turn_finished
+	}
+)
+
+// stopRequest asks a runner to end its turn: SIGTERM now, SIGKILL after the
+// grace period.
+type stopRequest struct {
+	status   session.TurnStatus // cancelled or timeout
+	shutdown bool               // the host is closing
+}
+
+// runner runs one turn's harness on its own goroutine. The session actor
+// talks to it only through stop, answer, abandon and release; the runner
+// talks back only through send. Fields below the line are owned by the
+// runner's goroutine.
+type runner struct {
+	send      func(any)
+	log       *slog.Logger
+	provider  compute.Provider
+	sandbox   compute.Sandbox // nil: open one
+	id        session.ID
+	turn      int64
+	input     []byte // the first stdin line
+	argv, env []string
+	grace     time.Duration
+	timeout   time.Duration
+	maxOutput int64
+
+	ctx     context.Context // cancelled by abandon
+	cancel  context.CancelFunc
+	stops   chan stopRequest // cap 4
+	answers chan []byte      // cap answerQueue
+	credits chan struct{}    // cap outputCredits, full when nothing is in flight
+	wg      sync.WaitGroup   // the runner's helper goroutines
+
+	// ---
+	proc      compute.Process
+	stopping  stopRequest // status "" until asked to stop
+	timeoutC  <-chan time.Time
+	killC     <-chan time.Time
+	abandoned bool
+	total     int64 // output bytes seen
+	discard   bool  // over maxOutput: output is dropped
+	out, errs textBuf
+	flushT    *time.Timer
+	flushOn   bool
+}
+
+// stop asks the runner to end the turn. It never blocks.
+func (r *runner) stop(req stopRequest) {
+	select {
+	case r.stops <- req:
+	default: // Several stops are already queued; they say the same.
+	}
+}
+
+// answer queues an approval answer for the harness's stdin.
+func (r *runner) answer(a session.ApprovalAnswer) {
+	line := append(mustMarshal(a), '\n')
+	select {
+	case r.answers <- line:
+	default:
+		r.log.Warn("approval answer dropped: too many queued", "turn", r.turn)
+	}
+}
+
+// abandon kills the harness at once and stops reporting; used when the actor
+// is torn down.
+func (r *runner) abandon() { r.cancel() }
+
+// release returns the credit of a committed or dropped event.
+func (r *runner) release() {
+	select {
+	case r.credits <- struct{}{}:
+	default:
+	}
+}
+
+// run is the runner's goroutine.
+func (r *runner) run() {
+	defer r.cancel()
+	start := time.Now()
+	res := r.exec()
+	res.r = r
+	res.duration = time.Since(start)
+	r.send(res)
+}
+
+func (r *runner) exec() *turnExited {
+	sb := r.sandbox
+	if sb == nil {
+		var err error
+		sb, err = r.provider.Open(r.ctx, compute.Spec{Session: r.id})
+		r.send(&turnSandbox{r: r, sb: sb, err: err})
+		if err != nil {
+			return &turnExited{status: session.TurnFailed, code: -1, errors: []session.ErrorData{{
+				Code: session.CodeUnavailable, Message: "the sandbox could not be provisioned: " + err.Error(),
+			}}}
+		}
+	}
+	select {
+	case req := <-r.stops:
+		return r.stoppedBeforeStart(req)
+	default:
+	}
+	proc, err := sb.Exec(r.ctx, compute.ExecRequest{Argv: r.argv, Env: r.env})
+	if err != nil {
+		return &turnExited{status: session.TurnFailed, code: 127, errors: []session.ErrorData{{
+			Code: session.CodeBadRequest, Message: "the harness could not be started: " + err.Error(),
+		}}}
+	}
+	r.proc = proc
+	r.out = textBuf{limit: session.MaxOutputEventBytes}
+	r.errs = textBuf{limit: session.MaxOutputEventBytes}
+	r.flushT = time.NewTimer(time.Hour)
+	r.flushT.Stop()
+	defer r.flushT.Stop()
+	timeout := time.NewTimer(r.timeout)
+	defer timeout.Stop()
+	r.timeoutC = timeout.C
+
+	stdinDone := make(chan struct{})
+	r.wg.Go(func() { r.writeStdin(proc.Stdin(), stdinDone) })
+	outC := make(chan piece, 1)
+	errC := make(chan []byte, 1)
+	r.wg.Go(func() { readLines(proc.Stdout(), outC) })
+	r.wg.Go(func() { readChunks(proc.Stderr(), errC) })
+
+	type waited struct {
+		exit compute.Exit
+		err  error
+	}
+	var waitC chan waited
+	var res *waited
+	ctxDone := r.ctx.Done()
+	for res == nil {
+		if outC == nil && errC == nil && waitC == nil {
+			// Both pipes are at EOF: the process is exiting.
+			waitC = make(chan waited, 1)
+			r.wg.Go(func() {
+				e, err := proc.Wait()
+				waitC <- waited{e, err}
+			})
+		}
+		select {
+		case p, ok := <-outC:
+			if !ok {
+				outC = nil
+				r.emitTexts("stdout", r.out.end())
+				continue
+			}
+			r.onStdout(p)
+		case b, ok := <-errC:
+			if !ok {
+				errC = nil
+				r.emitTexts("stderr", r.errs.end())
+				continue
+			}
+			r.onStderr(b)
+		case w := <-waitC:
+			res = &w
+		case <-r.flushT.C:
+			r.flushOn = false
+			r.flushText()
+		case req := <-r.stops:
+			r.onStop(req)
+		case <-r.timeoutC:
+			r.timeoutC = nil
+			r.onStop(stopRequest{status: session.TurnTimeout})
+		case <-r.killC:
+			r.killC = nil
+			r.signal(syscall.SIGKILL)
+		case <-ctxDone:
+			ctxDone = nil
+			r.abandoned = true
+			r.signal(syscall.SIGKILL)
+		}
+	}
+	close(stdinDone)
+	proc.Stdin().Close()
+	r.wg.Wait()
+	return r.result(res.exit, res.err)
+}
+
+func (r *runner) stoppedBeforeStart(req stopRequest) *turnExited {
+	res := &turnExited{status: req.status, code: -1}
+	if req.shutdown {
+		res.errors = append(res.errors, shutdownError())
+	}
+	return res
+}
+
+func shutdownError() session.ErrorData {
+	return session.ErrorData{Code: session.CodeUnavailable, Message: "server shutting down"}
+}
+
+func (r *runner) result(exit compute.Exit, err error) *turnExited {
+	res := &turnExited{code: exit.Code}
+	switch {
+	case r.stopping.status != "":
+		res.status = r.stopping.status
+		if r.stopping.shutdown {
+			res.errors = append(res.errors, shutdownError())
+		}
+	case err != nil:
+		res.status, res.code = session.TurnFailed, -1
+		res.errors = append(res.errors, session.ErrorData{Code: session.CodeInternal, Message: "waiting for the harness: " + err.Error()})
+	case exit.OOM:
+		res.status = session.TurnFailed
+		res.errors = append(res.errors, session.ErrorData{Code: session.CodeUnavailable,
+			Message: "the harness was killed because the sandbox hit its memory limit"})
+	case exit.Code == 0:
+		res.status = session.TurnOK
+	default:
+		res.status = session.TurnFailed
+		if exit.Code == 126 || exit.Code == 127 {
+			what := "was not found"
+			if exit.Code == 126 {
+				what = "is not executable"
+			}
+			res.errors = append(res.errors, session.ErrorData{Code: session.CodeBadRequest, Message: fmt.Sprintf(
+				"the harness could not be run (exit code %d: the command %s); check the session's harness", exit.Code, what)})
+		}
+	}
+	return res
+}
+
+// onStop starts ending the turn: SIGTERM now, SIGKILL after the grace.
+func (r *runner) onStop(req stopRequest) {
+	if r.stopping.status != "" {
+		r.stopping.shutdown = r.stopping.shutdown || req.shutdown
+		return
+	}
+	r.stopping = req
+	r.signal(syscall.SIGTERM)
+	r.killC = time.After(r.grace)
+}
+
+func (r *runner) signal(sig syscall.Signal) {
+	if err := r.proc.Signal(sig); err != nil {
+		r.log.Debug("signal harness", "turn", r.turn, "signal", sig, "err", err)
+	}
+}
+
+// writeStdin writes the first line and then approval answers until the turn
+// ends. A harness that never reads blocks only this goroutine, which ends
+// when the turn's stdin is closed.
+func (r *runner) writeStdin(w io.Writer, done <-chan struct{}) {
+	if _, err := w.Write(r.input); err != nil {
+		return
+	}
+	for {
+		select {
+		case line := <-r.answers:
+			if _, err := w.Write(line); err != nil {
+				return
+			}
+		case <-done:
+			return
+		}
+	}
+}
+
+// onStdout handles a piece of stdout: harness objects become agent or
+// approval events, everything else is coalesced into output text.
+func (r *runner) onStdout(p piece) {
+	if p.whole {
+		line := p.data
+		if n := len(line); n > 0 && line[n-1] == '\n' {
+			line = line[:n-1]
+		}
+		if hl := session.ParseHarnessLine(line); hl.Object != nil {
+			if hl.ApprovalID != "" {
+				// Honoured even past the output limit, or the harness
+				// would wait for an answer that cannot come.
+				r.flushStream("stdout")
+				if r.acquire() {
+					r.send(&turnApproval{r: r, id: hl.ApprovalID, summary: hl.Summary})
+				}
+				return
+			}
+			if !r.count(len(p.data)) {
+				return
+			}
+			r.flushStream("stdout")
+			r.emit(session.KindAgent, session.AgentData(r.turn, hl.Object))
+			return
+		}
+	}
+	r.addText("stdout", &r.out, p.data)
+}
+
+func (r *runner) onStderr(b []byte) { r.addText("stderr", &r.errs, b) }
+
+func (r *runner) addText(stream string, buf *textBuf, raw []byte) {
+	if r.discard {
+		return
+	}
+	if room := r.maxOutput - r.total; int64(len(raw)) > room {
+		raw = raw[:room]
+		r.emitTexts(stream, buf.add(raw))
+		r.count(len(raw) + 1) // trips the limit
+		return
+	}
+	r.total += int64(len(raw))
+	r.emitTexts(stream, buf.add(raw))
+	if !buf.empty() && !r.flushOn {
+		r.flushOn = true
+		r.flushT.Reset(flushDelay)
+	}
+}
+
+// count adds n output bytes; past maxOutput it flushes what is pending, logs
+// one error and reports false from then on.
+func (r *runner) count(n int) bool {
+	if r.discard {
+		return false
+	}
+	if r.total+int64(n) <= r.maxOutput {
+		r.total += int64(n)
+		return true
+	}
+	r.discard = true
+	r.flushText()
+	r.emit(session.KindError, mustMarshal(session.ErrorData{
+		Code: session.CodePayloadTooLarge,
+		Message: fmt.Sprintf("the output limit of %d bytes was reached; the rest of turn %d's output was discarded",
+			r.maxOutput, r.turn),
+	}))
+	return false
+}
+
+// flushText sends whatever text is pending on both streams.
+func (r *runner) flushText() {
+	r.flushStream("stdout")
+	r.flushStream("stderr")
+}
+
+func (r *runner) flushStream(stream string) {
+	buf := &r.out
+	if stream == "stderr" {
+		buf = &r.errs
+	}
+	if t := buf.take(); t != "" {
+		r.emitTexts(stream, []string{t})
+	}
+}
+
+func (r *runner) emitTexts(stream string, texts []string) {
+	for _, t := range texts {
+		r.emit(session.KindOutput, mustMarshal(session.OutputData{Turn: r.turn, Stream: stream, Text: t}))
+	}
+}
+
+// emit sends one event to the actor once a credit is free.
+func (r *runner) emit(kind session.Kind, data json.RawMessage) {
+	if r.acquire() {
+		r.send(&turnEvent{r: r, kind: kind, data: data})
+	}
+}
+
+// acquire waits for an output credit while still obeying stop requests and
+// timers. It reports false if the turn was abandoned.
+func (r *runner) acquire() bool {
+	for !r.abandoned {
+		select {
+		case <-r.credits:
+			return true
+		case req := <-r.stops:
+			r.onStop(req)
+		case <-r.timeoutC:
+			r.timeoutC = nil
+			r.onStop(stopRequest{status: session.TurnTimeout})
+		case <-r.killC:
+			r.killC = nil
+			r.signal(syscall.SIGKILL)
+		case <-r.ctx.Done():
+			r.abandoned = true
+			r.signal(syscall.SIGKILL)
+		}
+	}
+	return false
+}
+
+// --- the actor's side -------------------------------------------------------
+
+// maybeStartTurn starts the next queued turn if none runs.
+func (s *sessionActor) maybeStartTurn() {
+	for s.runner == nil && !s.shutting && (s.phase == phaseActive || s.phase == phaseDraining || s.phase == phaseWaking) {
+		t, ok := s.turns.Next()
+		if !ok {
+			return
+		}
+		s.emit(session.KindTurnStarted, t.Prompt.By, mustMarshal(session.TurnStartedData{Turn: t.N, PromptSeq: t.Prompt.Seq}), nil)
+		argv, env, err := s.harness(t)
+		if err != nil {
+			s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)
+			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnFailed, ExitCode: -1}), nil)
+			s.turns.Finish(t.N)
+			continue
+		}
+		if s.sandbox == nil {
+			s.setSandboxState(session.SandboxProvisioning, "")
+		}
+		input := mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By})
+		r := &runner{
+			log: s.log, provider: s.h.cfg.Provider, sandbox: s.sandbox, id: s.id, turn: t.N,
+			input: append(input, '\n'), argv: argv, env: env,
+			grace: s.h.cfg.CancelGrace, timeout: s.h.cfg.TurnTimeout, maxOutput: s.h.cfg.MaxTurnOutput,
+			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
+			credits: make(chan struct{}, outputCredits),
+		}
+		for range outputCredits {
+			r.credits <- struct{}{}
+		}
+		r.ctx, r.cancel = context.WithCancel(s.h.ctx)
+		r.send = s.send
+		s.runner = r
+		s.spawn(r.run)
+	}
+}
+
+// harness returns the argv and environment of turn t.
+func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) {
+	env = []string{session.EnvSession + "=" + string(s.id), session.EnvTurn + "=" + strconv.FormatInt(t.N, 10)}
+	h := s.meta.Harness
+	if len(h.Command) > 0 {
+		return h.Command, env, nil
+	}
+	name := h.Template
+	if name == "" {
+		name = session.DefaultTemplate
+	}
+	argv, ok := s.h.templates[name]
+	if !ok {
+		return nil, nil, fmt.Errorf("harness template %q is not configured on this node", name)
+	}
+	if name == session.DefaultTemplate && s.h.cfg.Templates[name] == nil {
+		if len(t.Prompt.Text) > maxShellPrompt {
+			return nil, nil, fmt.Errorf("the shell harness runs prompts of at most %d bytes (it passes them in %s); this one has %d",
+				maxShellPrompt, session.EnvPrompt, len(t.Prompt.Text))
+		}
+		env = append(env, session.EnvPrompt+"="+t.Prompt.Text)
+	}
+	return argv, env, nil
+}
+
+func (s *sessionActor) setSandboxState(state session.SandboxState, detail string) {
+	s.sandboxState = state
+	s.emit(session.KindSandbox, session.BySystem, mustMarshal(session.SandboxData{State: state, Detail: detail}), nil)
+	s.h.catalog.put(s.catalogEntry(session.StateActive))
+}
+
+func (s *sessionActor) onTurnEvent(m *turnEvent) {
+	if m.r != s.runner || s.phase == phaseDeleting {
+		m.r.release()
+		return
+	}
+	s.emit(m.kind, session.BySystem, m.data, func(error) { m.r.release() })
+}
+
+func (s *sessionActor) onTurnApproval(m *turnApproval) {
+	if m.r != s.runner || s.phase == phaseDeleting {
+		m.r.release()
+		return
+	}
+	release := func(error) { m.r.release() }
+	if err := s.turns.RequestApproval(m.r.turn, m.id); err != nil {
+		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{
+			Code: session.CodeConflict, Message: fmt.Sprintf("turn %d: %v", m.r.turn, session.AsError(err).Message),
+		}), release)
+		return
+	}
+	s.emit(session.KindApprovalRequested, session.BySystem,
+		mustMarshal(session.ApprovalRequestedData{Turn: m.r.turn, ID: m.id, Summary: m.summary}), release)
+}
+
+func (s *sessionActor) onTurnSandbox(m *turnSandbox) {
+	if m.r != s.runner || s.phase == phaseDeleting {
+		if m.sb != nil && s.sandbox == nil {
+			s.sandbox = m.sb // Still ours to destroy or reuse.
+		}
+		return
+	}
+	if m.err != nil {
+		s.setSandboxState(session.SandboxFailed, m.err.Error())
+		return
+	}
+	s.sandbox = m.sb
+	s.setSandboxState(session.SandboxReady, "")
+}
+
+func (s *sessionActor) onTurnExited(m *turnExited) {
+	if m.r != s.runner {
+		return
+	}
+	s.runner = nil
+	s.turns.Finish(m.r.turn)
+	if s.phase == phaseDeleting {
+		return
+	}
+	for _, e := range m.errors {
+		s.emit(session.KindError, session.BySystem, mustMarshal(e), nil)
+	}
+	s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
+		Turn: m.r.turn, Status: m.status, ExitCode: m.code, DurationMS: m.duration.Milliseconds(),
+	}), nil)
+	s.maybeStartTurn()
+}

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atriumhq/atrium/gateway/client"
+	"github.com/atriumhq/atrium/session"
+)
+
+// Defaults of the client commands.
+const (
+	DefaultServer = "http://127.0.0.1:7080"
+	envServer     = "ATRIUM_SERVER"
+	envToken      = "ATRIUM_TOKEN"
+)
+
+// clientCommands returns the CLI client commands: new, ls, send, logs,
+// attach, cancel, share, approve, rm. Each has its own --server and --token.
+func clientCommands(env *cliEnv) []*cobra.Command {
+	cmds := []*cobra.Command{
+		newNewCmd(env),
+		newLsCmd(env),
+		newSendCmd(env),
+		newLogsCmd(env),
+		newAttachCmd(env),
+		newCancelCmd(env),
+		newShareCmd(env),
+		newApproveCmd(env),
+		newRmCmd(env),
+	}
+	for _, c := range cmds {
+		c.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+			return usageError(c, "%v", err)
+		})
+	}
+	return cmds
+}
+
+// connFlags are the flags that say which server to talk to, as whom.
+type connFlags struct {
+	server, token string
+}
+
+const connHelp = `
+Connection: --server (or ATRIUM_SERVER, default ` + DefaultServer + `) is the
+gateway's URL; --token (or ATRIUM_TOKEN) is the bearer token. With neither
+token given, the token is dev:$USER: the dev identity that 'atrium dev'
+accepts from this machine.`
+
+func (f *connFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.server, "server", DefaultServer, "gateway URL (env "+envServer+")")
+	cmd.Flags().StringVar(&f.token, "token", "", "bearer token (env "+envToken+"; default dev:$USER, the 'atrium dev' identity)")
+	cmd.Long += "\n" + connHelp
+}
+
+// client resolves the flags, environment and defaults into a Client.
+func (f *connFlags) client(cmd *cobra.Command, env *cliEnv) (*client.Client, error) {
+	getenv := env.getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	server := f.server
+	if !cmd.Flags().Changed("server") {
+		if v := getenv(envServer); v != "" {
+			server = v
+		}
+	}
+	token := f.token
+	if !cmd.Flags().Changed("token") {
+		token = getenv(envToken)
+		if token == "" {
+			user := getenv("USER")
+			if user == "" {
+				user = "you"
+			}
+			token = "dev:" + user
+		}
+	}
+	c, err := client.New(server, token)
+	if err != nil {
+		return nil, usageError(cmd, "%v", err)
+	}
+	c.UserAgent = "atrium-cli/1"
+	f.server = c.Server
+	return c, nil
+}
+
+// cliError is an error message for people: what went wrong and, on the next
+// line, what to do about it.
+type cliError struct {
+	err  error
+	msg  string
+	hint string
+}
+
+func (e cliError) Error() string {
+	if e.hint == "" {
+		return e.msg
+	}
+	return e.msg + "\n  hint: " + e.hint
+}
+
+func (e cliError) Unwrap() error { return e.err }
+
+// usageError is a command-line mistake: exit status 2.
+func usageError(cmd *cobra.Command, format string, args ...any) error {
+	return exitError{code: 2, msg: fmt.Sprintf(format, args...) + "\n  see '" + cmd.CommandPath() + " --help'"}
+}
+
+// exactArgs requires n arguments, named in the message.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(names) == 0 && len(args) > 0 {
+			return usageError(cmd, "%s takes no arguments (got %q)", cmd.Name(), args)
+		}
+		if len(args) != len(names) {
+			return usageError(cmd, "%s takes %d argument(s): %s (got %d)", cmd.Name(), len(names), strings.Join(names, " "), len(args))
+		}
+		return nil
+	}
+}
+
+// explain turns an error into a message that says what to do next.
+func explain(err error, server string) error {
+	if err == nil {
+		return nil
+	}
+	var ee exitError
+	var ce cliError
+	if errors.As(err, &ee) || errors.As(err, &ce) {
+		return err
+	}
+	var se *session.Error
+	if errors.As(err, &se) {
+		msg := se.Message
+		if msg == "" {
+			msg = string(se.Code)
+		}
+		hint := ""
+		switch se.Code {
+		case session.CodeUnauthenticated:
+			hint = "pass --token or set " + envToken + " (a dev server accepts --token dev:<user>)"
+		case session.CodeForbidden:
+			hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
+		case session.CodeNotFound:
+			hint = "list the sessions you can see with 'atrium ls'"
+		case session.CodeTooManyRequests:
+			hint = "the server is limiting requests; retry in a few seconds"
+		case session.CodeUnavailable:
+			hint = "the server is starting, restarting or overloaded; retry in a moment"
+		case session.CodePayloadTooLarge:
+			hint = fmt.Sprintf("prompts are limited to %d KiB", session.MaxTextBytes>>10)
+		}
+		return cliError{err: err, msg: msg, hint: hint}
+	}
+	if errors.Is(err, client.ErrEpochChanged) {
+		return cliError{err: err, msg: "the session's history was rebuilt", hint: "start over without --after"}
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return cliError{err: err, msg: "cannot reach the Atrium server at " + server + ": connection refused",
+			hint: "is the server running? start it with `make run` or `atrium dev`, or point --server / " + envServer + " at it"}
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return cliError{err: err, msg: "cannot find the host of " + server + ": " + dns.Err,
+			hint: "check --server / " + envServer}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return cliError{err: err, msg: "the server at " + server + " did not answer in time", hint: "retry; check the server's logs"}
+	}
+	return err
+}
+
+// interrupted reports whether ctx ended because the user pressed Ctrl-C
+// (or the process got SIGTERM).
+func interrupted(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.Canceled)
+}
+
+// writeJSON prints v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// readPrompt returns arg, or all of stdin when arg is "-".
+func readPrompt(cmd *cobra.Command, env *cliEnv, arg string) (string, error) {
+	text := arg
+	if arg == "-" {
+		if env.stdin == nil {
+			return "", usageError(cmd, "no stdin to read the prompt from")
+		}
+		b, err := io.ReadAll(io.LimitReader(env.stdin, session.MaxTextBytes+1))
+		if err != nil {
+			return "", fmt.Errorf("read prompt from stdin: %w", err)
+		}
+		text = strings.TrimRight(string(b), "\r\n")
+	}
+	if strings.TrimSpace(text) == "" {
+		return "", usageError(cmd, "the prompt is empty")
+	}
+	return text, nil
+}
+
+// clock formats an event time for a line of output: the local time of day,
+// with the date when it is not today.
+func clock(t session.Time, now time.Time) string {
+	lt := t.Local()
+	if y, m, d := lt.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return lt.Format("15:04:05")
+	}
+	return lt.Format("Jan 02 15:04:05")
+}

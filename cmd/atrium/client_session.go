@@ -1,0 +1,354 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atriumhq/atrium/gateway/client"
+	"github.com/atriumhq/atrium/session"
+)
+
+func newNewCmd(env *cliEnv) *cobra.Command {
+	var (
+		conn    connFlags
+		title   string
+		harness string
+		command string
+		asJSON  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "new",
+		Short: "Create a session and print its id",
+		Long: `Create a session that you own and print its id.
+
+The harness is what runs once per turn in the session's sandbox: a template
+the server defines (--harness; the default template is 'shell', which runs
+each prompt with bash), or a command of your own (--command, as a JSON array
+or a shell-style string). The harness contract is in DESIGN.md §6.`,
+		Example: `  atrium new --title "fix the flaky test"
+  ID=$(atrium new --title demo) && atrium send "$ID" 'ls -la' --wait
+  atrium new --command '["python3","-u","agent.py"]'
+  atrium new --command 'claude -p --output-format stream-json' --json`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := client.CreateRequest{Title: title}
+			switch {
+			case harness != "" && command != "":
+				return usageError(cmd, "give --harness or --command, not both")
+			case harness != "":
+				req.Harness.Template = harness
+			case command != "":
+				argv, err := parseCommand(command)
+				if err != nil {
+					return usageError(cmd, "--command: %v", err)
+				}
+				req.Harness.Command = argv
+			}
+			if len(title) > session.MaxTitleBytes {
+				return usageError(cmd, "--title is longer than %d bytes", session.MaxTitleBytes)
+			}
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			s, err := c.CreateSession(cmd.Context(), req)
+			if err != nil {
+				return explain(err, conn.server)
+			}
+			if asJSON {
+				return writeJSON(env.stdout, s)
+			}
+			_, err = fmt.Fprintln(env.stdout, s.ID)
+			return err
+		},
+	}
+	conn.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&title, "title", "", "the session's title")
+	f.StringVar(&harness, "harness", "", "harness template name (default: the server's default, 'shell')")
+	f.StringVar(&command, "command", "", `harness command: a JSON array ('["prog","arg"]') or a shell-style string ('prog arg')`)
+	f.BoolVar(&asJSON, "json", false, "print the created session as JSON")
+	return cmd
+}
+
+// parseCommand reads an argv from a JSON array of strings or a shell-style
+// string.
+func parseCommand(s string) ([]string, error) {
+	s = strings.TrimSpace(s)
+	var argv []string
+	if strings.HasPrefix(s, "[") {
+		if err := json.Unmarshal([]byte(s), &argv); err != nil {
+			return nil, fmt.Errorf("not a JSON array of strings: %v", err)
+		}
+	} else {
+		var err error
+		if argv, err = shellSplit(s); err != nil {
+			return nil, err
+		}
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, errors.New("the command is empty")
+	}
+	return argv, nil
+}
+
+// shellSplit splits s into words like a POSIX shell does for simple
+// commands: whitespace separates words; single quotes keep everything
+// literally; double quotes keep everything but \" \\ \$ \`; a backslash
+// outside quotes escapes the next character. It expands nothing.
+func shellSplit(s string) ([]string, error) {
+	var (
+		words []string
+		cur   strings.Builder
+		in    bool // inside a word
+	)
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case ch == ' ' || ch == '\t' || ch == '\n':
+			if in {
+				words = append(words, cur.String())
+				cur.Reset()
+				in = false
+			}
+		case ch == '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return nil, errors.New("unterminated single quote")
+			}
+			cur.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+			in = true
+		case ch == '"':
+			i++
+			for ; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte("\"\\$`", s[i+1]) >= 0 {
+					i++
+				}
+				cur.WriteByte(s[i])
+			}
+			if i >= len(s) {
+				return nil, errors.New("unterminated double quote")
+			}
+			in = true
+		case ch == '\\':
+			if i+1 >= len(s) {
+				return nil, errors.New("trailing backslash")
+			}
+			i++
+			cur.WriteByte(s[i])
+			in = true
+		default:
+			cur.WriteByte(ch)
+			in = true
+		}
+	}
+	if in {
+		words = append(words, cur.String())
+	}
+	return words, nil
+}
+
+func newLsCmd(env *cliEnv) *cobra.Command {
+	var (
+		conn   connFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the sessions you can see",
+		Long:    `List the sessions you own or that were shared with you, oldest first.`,
+		Example: `  atrium ls
+  atrium ls --json | jq -r '.[].id'`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			list, err := c.ListSessions(cmd.Context())
+			if err != nil {
+				return explain(err, conn.server)
+			}
+			if asJSON {
+				if list == nil {
+					list = []session.Session{}
+				}
+				return writeJSON(env.stdout, list)
+			}
+			if len(list) == 0 {
+				fmt.Fprintln(env.stderr, "No sessions yet. Create one with: atrium new --title NAME")
+				return nil
+			}
+			tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTITLE\tSTATE\tROLE\tLAST SEQ\tCREATED")
+			now := time.Now()
+			for _, s := range list {
+				title := oneLine(s.Title, 40)
+				if title == "" {
+					title = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", s.ID, title, s.State, s.Role, s.LastSeq, created(s.CreatedAt, now))
+			}
+			return tw.Flush()
+		},
+	}
+	conn.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sessions as a JSON array")
+	return cmd
+}
+
+// created formats a creation time: local date and minute.
+func created(t session.Time, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	lt := t.Local()
+	if lt.Year() == now.Year() {
+		return lt.Format("Jan 02 15:04")
+	}
+	return lt.Format("2006-01-02 15:04")
+}
+
+func newCancelCmd(env *cliEnv) *cobra.Command {
+	var conn connFlags
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Stop the session's running turn",
+		Long: `Stop the turn that is running in a session (its harness gets SIGTERM, then
+SIGKILL after a grace period). Prompts queued behind it still run. Needs the
+driver or owner role.`,
+		Example: `  atrium cancel s_3kq7xq4m2fdh2dnbw5ad`,
+		Args:    exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			id := session.ID(args[0])
+			if err := c.Cancel(cmd.Context(), id); err != nil {
+				if errors.Is(err, session.ErrConflict) {
+					return cliError{err: err, msg: "nothing to cancel: no turn is running in " + string(id),
+						hint: "see what happened with 'atrium logs " + string(id) + "'"}
+				}
+				return explain(err, conn.server)
+			}
+			fmt.Fprintf(env.stdout, "cancel requested for the running turn of %s\n", id)
+			return nil
+		},
+	}
+	conn.register(cmd)
+	return cmd
+}
+
+func newShareCmd(env *cliEnv) *cobra.Command {
+	var (
+		conn connFlags
+		role string
+	)
+	cmd := &cobra.Command{
+		Use:   "share ID USER --role viewer|driver|none",
+		Short: "Give someone a role on a session, or take it away",
+		Long: `Give USER a role on a session you own: a viewer reads and watches; a driver
+also prompts, cancels and answers approvals. --role none removes them.`,
+		Example: `  atrium share ID bob --role driver
+  atrium share ID carol --role viewer
+  atrium share ID bob --role none`,
+		Args: exactArgs("ID", "USER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("role") {
+				return usageError(cmd, "--role is required: viewer, driver or none")
+			}
+			r, err := session.ParseRole(role)
+			if err != nil {
+				return usageError(cmd, "--role %q: want viewer, driver or none", role)
+			}
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			id, user := session.ID(args[0]), args[1]
+			if err := c.SetMember(cmd.Context(), id, user, r); err != nil {
+				return explain(err, conn.server)
+			}
+			if r == session.RoleNone {
+				fmt.Fprintf(env.stdout, "%s no longer has a role on %s\n", user, id)
+			} else {
+				fmt.Fprintf(env.stdout, "%s is now a %s of %s\n", user, r, id)
+			}
+			return nil
+		},
+	}
+	conn.register(cmd)
+	cmd.Flags().StringVar(&role, "role", "", "viewer, driver, or none to remove")
+	return cmd
+}
+
+func newApproveCmd(env *cliEnv) *cobra.Command {
+	var (
+		conn connFlags
+		deny bool
+	)
+	cmd := &cobra.Command{
+		Use:   "approve ID APPROVAL_ID",
+		Short: "Answer a harness's approval request",
+		Long: `Answer an approval request of the running turn (an approval_requested event,
+shown by 'atrium logs' and 'atrium attach'): allow it, or deny it with --deny.
+Needs the driver or owner role.`,
+		Example: `  atrium approve ID a1
+  atrium approve ID a1 --deny`,
+		Args: exactArgs("ID", "APPROVAL_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			id, aid := session.ID(args[0]), args[1]
+			if err := c.Approve(cmd.Context(), id, aid, !deny); err != nil {
+				if errors.Is(err, session.ErrNotFound) {
+					return cliError{err: err, msg: fmt.Sprintf("no pending approval %q in %s (or no such session)", aid, id),
+						hint: "pending approvals show in 'atrium logs " + string(id) + "' as approval_requested"}
+				}
+				return explain(err, conn.server)
+			}
+			fmt.Fprintf(env.stdout, "%s %s\n", aid, allowWord(!deny))
+			return nil
+		},
+	}
+	conn.register(cmd)
+	cmd.Flags().BoolVar(&deny, "deny", false, "deny instead of allow")
+	return cmd
+}
+
+func newRmCmd(env *cliEnv) *cobra.Command {
+	var conn connFlags
+	cmd := &cobra.Command{
+		Use:   "rm ID",
+		Short: "Delete a session and its history",
+		Long: `Delete a session: its running turn is stopped, its history and workspace are
+removed, and everyone watching it is disconnected. It does not ask. Owner only.`,
+		Example: `  atrium rm s_3kq7xq4m2fdh2dnbw5ad`,
+		Args:    exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := conn.client(cmd, env)
+			if err != nil {
+				return err
+			}
+			id := session.ID(args[0])
+			if err := c.DeleteSession(cmd.Context(), id); err != nil {
+				return explain(err, conn.server)
+			}
+			fmt.Fprintf(env.stdout, "deleted %s\n", id)
+			return nil
+		},
+	}
+	conn.register(cmd)
+	return cmd
+}

@@ -1,0 +1,208 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+const appendTarget = 20_000 // acknowledged events per second
+
+// append measures durable appends into one session: every prompt is
+// acknowledged only after its event is committed.
+func (r *runner) append(ctx context.Context) (_ []Result, err error) {
+	d, err := r.startServer(ctx, "append", time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, d.close(ctx)) }()
+
+	var out []Result
+	for _, mode := range []string{"rest", "ws"} {
+		s, err := d.c.createSession(ctx, "bench append "+mode, holdTurn)
+		if err != nil {
+			return out, err
+		}
+		if err := startHold(ctx, d.c, s.ID); err != nil {
+			return out, err
+		}
+		run := r.appendREST
+		measure := fmt.Sprintf("durable append, REST, %d senders", r.cfg.Senders)
+		if mode == "ws" {
+			run = r.appendWS
+			measure = fmt.Sprintf("durable append, WebSocket, %d conns × %d in flight", r.cfg.WSConns, r.cfg.WSWindow)
+		}
+		if _, _, err := run(ctx, d.c, s.ID, time.Second); err != nil { // warm-up
+			return out, err
+		}
+		r.progress("append %s: sending for %s", mode, r.cfg.Duration)
+		h, n, err := run(ctx, d.c, s.ID, r.cfg.Duration)
+		if err != nil {
+			return out, err
+		}
+		rate := float64(n) / r.cfg.Duration.Seconds()
+		row := latencyRow(Result{Scenario: ScenarioAppend, Measure: measure, Unit: "events/s", Target: "≥ 20,000 events/s", Value: rate}, h)
+		row.Met = met(rate >= appendTarget)
+		row.Note = "median/p99: prompt → ack (durable)"
+		r.progress("append %s: %s acknowledged events/s, ack p50 %s p99 %s", mode, fmtCount(rate), fmtMS(row.Median), fmtMS(row.P99))
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+// appendREST posts prompts from cfg.Senders goroutines for d and returns
+// the ack latencies and the number acknowledged.
+func (r *runner) appendREST(ctx context.Context, c *client, id session.ID, d time.Duration) (*Histogram, int64, error) {
+	h := NewHistogram()
+	var acked atomic.Int64
+	var errOnce sync.Once
+	var firstErr error
+	body := promptBody("append benchmark event")
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range r.cfg.Senders {
+		wg.Go(func() {
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				t := time.Now()
+				if _, err := c.prompt(ctx, id, body); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+				h.Record(time.Since(t))
+				acked.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return h, acked.Load(), firstErr
+}
+
+// appendWS keeps cfg.WSWindow prompts in flight on each of cfg.WSConns
+// WebSockets for d and returns the ack latencies and the number
+// acknowledged. Each connection also receives every event, as any client
+// of the session does.
+func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.Duration) (*Histogram, int64, error) {
+	h := NewHistogram()
+	var acked atomic.Int64
+	cur, err := c.getSession(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	conns := make([]*wsConn, 0, r.cfg.WSConns)
+	defer func() {
+		for _, w := range conns {
+			w.close()
+		}
+	}()
+	for range r.cfg.WSConns {
+		w, err := c.dialWS(ctx, id, cur.LastSeq)
+		if err != nil {
+			return nil, 0, err
+		}
+		conns = append(conns, w)
+	}
+	var errOnce sync.Once
+	var firstErr error
+	var failed atomic.Bool
+	fail := func(err error) {
+		failed.Store(true)
+		errOnce.Do(func() { firstErr = err })
+	}
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for ci, w := range conns {
+		slots := make(chan struct{}, r.cfg.WSWindow)
+		var mu sync.Mutex
+		sent := map[string]time.Time{} // guarded by mu
+		done := make(chan struct{})
+		wg.Go(func() { // reader
+			defer close(done)
+			err := w.readLoop(func(frame []byte) {
+				var cid string
+				switch {
+				case bytes.HasPrefix(frame, []byte(`{"type":"ack"`)):
+					cid = scanString(frame, `"client_id":"`)
+				case bytes.HasPrefix(frame, []byte(`{"type":"error"`)):
+					var ef session.ErrorFrame
+					_ = json.Unmarshal(frame, &ef)
+					fail(fmt.Errorf("prompt over WebSocket: %s: %s", ef.Code, ef.Message))
+					cid = ef.ClientID
+				default:
+					return
+				}
+				mu.Lock()
+				t, ok := sent[cid]
+				delete(sent, cid)
+				mu.Unlock()
+				if !ok {
+					return
+				}
+				h.Record(time.Since(t))
+				acked.Add(1)
+				<-slots
+			})
+			if err != nil && time.Now().Before(deadline) {
+				fail(fmt.Errorf("websocket closed: %w", err))
+			}
+		})
+		wg.Go(func() { // writer
+			defer func() {
+				// Wait for the outstanding acks, then stop the reader.
+				pollUntil(ctx, 30*time.Second, time.Millisecond, func() bool { return len(slots) == 0 })
+				w.close()
+				<-done
+			}()
+			var frame []byte
+			for n := 0; time.Now().Before(deadline) && ctx.Err() == nil && !failed.Load(); n++ {
+				select {
+				case slots <- struct{}{}:
+				case <-done:
+					return
+				case <-ctx.Done():
+					return
+				}
+				cid := "c" + strconv.Itoa(ci) + "-" + strconv.Itoa(n)
+				frame = append(frame[:0], `{"type":"prompt","text":"append benchmark event","client_id":"`...)
+				frame = append(frame, cid...)
+				frame = append(frame, `"}`...)
+				mu.Lock()
+				sent[cid] = time.Now()
+				mu.Unlock()
+				if err := w.write(ctx, frame); err != nil {
+					fail(fmt.Errorf("send prompt: %w", err))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return h, acked.Load(), firstErr
+}
+
+// scanString returns the JSON string after key (no escapes expected).
+func scanString(b []byte, key string) string {
+	i := bytes.Index(b, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	b = b[i+len(key):]
+	j := bytes.IndexByte(b, '"')
+	if j < 0 {
+		return ""
+	}
+	return string(b[:j])
+}

@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+const watcherRSSTarget = 64 // KiB per idle watcher
+
+// memory measures the server's cost of idle watchers and of hibernated
+// sessions.
+func (r *runner) memory(ctx context.Context) ([]Result, error) {
+	var out []Result
+	rows, err := r.memoryWatchers(ctx)
+	out = append(out, rows...)
+	rows, err2 := r.memoryHibernated(ctx)
+	out = append(out, rows...)
+	return out, errors.Join(err, err2)
+}
+
+// usage is a snapshot of this process's resources.
+type usage struct {
+	rss        int64 // bytes
+	heap       int64 // Go heap in use + goroutine stacks, bytes
+	goroutines int
+	files      int
+}
+
+// measureUsage collects garbage, returns freed memory to the OS and takes
+// a snapshot.
+func measureUsage() (usage, error) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var u usage
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	u.heap = int64(ms.HeapInuse + ms.StackInuse)
+	u.goroutines = runtime.NumGoroutine()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return u, fmt.Errorf("count open files: %w", err)
+	}
+	u.files = len(fds)
+	u.rss, err = readRSS()
+	return u, err
+}
+
+// readRSS returns VmRSS from /proc/self/status.
+func readRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, fmt.Errorf("read process status: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse VmRSS %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/self/status")
+}
+
+// settledUsage measures until goroutines and open files stop changing
+// (connections closing asynchronously), at most a few seconds.
+func settledUsage(ctx context.Context) (usage, error) {
+	prev, err := measureUsage()
+	if err != nil {
+		return prev, err
+	}
+	stable := 0
+	pollUntil(ctx, 5*time.Second, 100*time.Millisecond, func() bool {
+		u, err2 := measureUsage()
+		if err2 != nil {
+			err = err2
+			return true
+		}
+		if u.goroutines == prev.goroutines && u.files == prev.files {
+			stable++
+		} else {
+			stable = 0
+		}
+		prev = u
+		return stable >= 2
+	})
+	return prev, err
+}
+
+// memoryWatchers opens cfg.Watchers idle watchers of one session from a
+// child process and divides the growth of this (the server's) process by
+// their number.
+func (r *runner) memoryWatchers(ctx context.Context) (_ []Result, err error) {
+	if r.cfg.Child == nil {
+		return []Result{{Scenario: ScenarioMemory, Measure: "RSS per idle WebSocket watcher", Error: "no child process command configured"}}, nil
+	}
+	d, err := r.startServer(ctx, "memory-watchers", time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, d.close(ctx)) }()
+	s, err := d.c.createSession(ctx, "bench memory", quickTurn)
+	if err != nil {
+		return nil, err
+	}
+	n := r.cfg.Watchers
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd := r.cfg.Child(cctx, "--url", d.srv.URL(), "--session", string(s.ID), "--after", strconv.FormatInt(s.LastSeq, 10), "--user", benchUser)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("child stdin: %w", err)
+	}
+	stdoutPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("child stdout: %w", err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start watcher process: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		if werr := cmd.Wait(); werr != nil && err == nil {
+			err = fmt.Errorf("watcher process: %w: %s", werr, bytes.TrimSpace(stderr.Bytes()))
+		}
+	}()
+	replies := bufio.NewScanner(stdoutPipe)
+	open := func(k int) error {
+		if _, err := fmt.Fprintf(stdin, "open %d\n", k); err != nil {
+			return fmt.Errorf("command watcher process: %w", err)
+		}
+		if !replies.Scan() {
+			return fmt.Errorf("watcher process ended: %s", bytes.TrimSpace(stderr.Bytes()))
+		}
+		if line := replies.Text(); !strings.HasPrefix(line, "open ") {
+			return fmt.Errorf("watcher process: %s", line)
+		}
+		return nil
+	}
+	// A few watchers first, so one-time costs (buffers, pools, the
+	// session's subscription) are in the baseline.
+	warm := max(1, min(10, n/10))
+	if err := open(warm); err != nil {
+		return nil, err
+	}
+	d.c.close()
+	before, err := settledUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	if err := open(n - warm); err != nil {
+		return nil, err
+	}
+	r.progress("memory: %d idle watchers open in a child process (%s)", n, time.Since(t0).Round(time.Millisecond))
+	after, err := settledUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k := float64(n - warm)
+	per := float64(after.rss-before.rss) / k / 1024
+	row := Result{
+		Scenario: ScenarioMemory, Measure: "server RSS per idle WebSocket watcher", Unit: "KiB", Value: per,
+		Target: "≤ 64 KiB", Met: met(per <= watcherRSSTarget),
+		Note: fmt.Sprintf("%d watchers in a child process; Go heap+stacks %.1f KiB, %.2f goroutines, %.2f open files per watcher",
+			n-warm, float64(after.heap-before.heap)/k/1024, float64(after.goroutines-before.goroutines)/k, float64(after.files-before.files)/k),
+	}
+	r.progress("memory: %.1f KiB RSS per watcher (%s)", per, row.Note)
+	return []Result{row}, nil
+}
+
+// memoryHibernated creates cfg.Sessions sessions, lets them hibernate and
+// reports what each still costs.
+func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
+	d, err := r.startServer(ctx, "memory-sessions", benchHibernateAfter)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, d.close(ctx)) }()
+	// One session through its whole life first, so lazily started parts
+	// of the node are in the baseline.
+	warm, err := createSessions(ctx, d.c, 1, "bench warm", quickTurn)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHibernated(ctx, d.c, warm); err != nil {
+		return nil, err
+	}
+	d.c.close()
+	before, err := settledUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n := r.cfg.Sessions
+	t0 := time.Now()
+	ids, err := createSessions(ctx, d.c, n, "bench hibernate", quickTurn)
+	if err != nil {
+		return nil, err
+	}
+	r.progress("memory: created %d sessions in %s; waiting for them to hibernate", n, time.Since(t0).Round(time.Millisecond))
+	if err := waitHibernated(ctx, d.c, ids); err != nil {
+		return nil, err
+	}
+	d.c.close()
+	after, err := settledUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fn := float64(n)
+	dg, df := after.goroutines-before.goroutines, after.files-before.files
+	rows := []Result{
+		{
+			Scenario: ScenarioMemory, Measure: "goroutines per hibernated session", Unit: "per session",
+			Value: float64(dg) / fn, Target: "0", Met: met(dg*100 < n),
+			Note: fmt.Sprintf("%d → %d goroutines after %d sessions hibernated", before.goroutines, after.goroutines, n),
+		},
+		{
+			Scenario: ScenarioMemory, Measure: "open files per hibernated session", Unit: "per session",
+			Value: float64(df) / fn, Target: "0", Met: met(df*100 < n),
+			Note: fmt.Sprintf("%d → %d open files after %d sessions hibernated", before.files, after.files, n),
+		},
+		{
+			Scenario: ScenarioMemory, Measure: "server RSS per hibernated session", Unit: "KiB",
+			Value: float64(after.rss-before.rss) / fn / 1024,
+			Note:  fmt.Sprintf("Go heap+stacks %.1f KiB per session", float64(after.heap-before.heap)/fn/1024),
+		},
+	}
+	r.progress("memory: %d hibernated sessions: %+d goroutines, %+d open files, %.1f KiB RSS each", n, dg, df, rows[2].Value)
+	return rows, nil
+}
+
+// WatcherChild configures RunWatchers.
+type WatcherChild struct {
+	URL     string
+	Session session.ID
+	After   session.Seq // resume point: the watchers receive no history
+	User    string
+}
+
+// RunWatchers is the child process of the memory scenario. It reads
+// commands from in: "open K" opens K more idle watchers of the session
+// (each reading and discarding frames) and answers "open TOTAL" on out once
+// every one has its hello; end of input closes them all and returns.
+func RunWatchers(ctx context.Context, cfg WatcherChild, in io.Reader, out io.Writer) error {
+	c := newClient(cfg.URL, cfg.User)
+	defer c.close()
+	var conns []*wsConn
+	var wg sync.WaitGroup
+	defer func() {
+		for _, w := range conns {
+			w.close()
+		}
+		wg.Wait()
+	}()
+	lines := bufio.NewScanner(in)
+	for lines.Scan() {
+		verb, arg, _ := strings.Cut(lines.Text(), " ")
+		k, err := strconv.Atoi(arg)
+		if verb != "open" || err != nil || k < 0 {
+			return fmt.Errorf("bad command %q: want \"open K\"", lines.Text())
+		}
+		opened := make([]*wsConn, k)
+		sem := make(chan struct{}, dialConcurrency)
+		var dw sync.WaitGroup
+		var mu sync.Mutex
+		var firstErr error
+		for i := range k {
+			sem <- struct{}{}
+			dw.Go(func() {
+				defer func() { <-sem }()
+				dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				w, err := c.dialWS(dctx, cfg.Session, cfg.After)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					return
+				}
+				opened[i] = w
+			})
+		}
+		dw.Wait()
+		for _, w := range opened {
+			if w != nil {
+				conns = append(conns, w)
+				wg.Go(func() { _ = w.readLoop(func([]byte) {}) })
+			}
+		}
+		if firstErr != nil {
+			return fmt.Errorf("open watchers: %w", firstErr)
+		}
+		if _, err := fmt.Fprintf(out, "open %d\n", len(conns)); err != nil {
+			return err
+		}
+	}
+	return lines.Err()
+}

@@ -1,0 +1,159 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/session"
+)
+
+const childEnv = "ATRIUM_BENCH_TEST_CHILD"
+
+// TestMain doubles as the memory scenario's watcher process: the test
+// binary re-executes itself with childEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(watcherChildMain(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func watcherChildMain(args []string) int {
+	fs := flag.NewFlagSet("watchers", flag.ContinueOnError)
+	var wc WatcherChild
+	var id string
+	fs.StringVar(&wc.URL, "url", "", "")
+	fs.StringVar(&id, "session", "", "")
+	fs.StringVar(&wc.User, "user", "", "")
+	fs.Int64Var(&wc.After, "after", 0, "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	wc.Session = session.ID(id)
+	if err := RunWatchers(context.Background(), wc, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func startTestServer(ctx context.Context, o ServerOptions) (Server, error) {
+	return server.Start(ctx, server.Config{Listen: "127.0.0.1:0", DataDir: o.DataDir, HibernateAfter: o.HibernateAfter, Logger: o.Logger})
+}
+
+func testChild(ctx context.Context, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, os.Args[0], args...)
+	c.Env = append(os.Environ(), childEnv+"=1")
+	c.WaitDelay = 5 * time.Second
+	return c
+}
+
+// TestRun runs every scenario at a tiny size against real in-process
+// servers and checks that each measure was taken and is consistent.
+func TestRun(t *testing.T) {
+	if _, err := RaiseFileLimit(); err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	rep, err := Run(t.Context(), Config{
+		Start:        startTestServer,
+		Child:        testChild,
+		Sandboxed:    true,
+		Watchers:     20,
+		Duration:     400 * time.Millisecond,
+		Rate:         50,
+		MaxRampSteps: 2,
+		Senders:      4,
+		WSConns:      2,
+		WSWindow:     4,
+		WakeSamples:  4,
+		Sessions:     8,
+		ResumeEvents: 300,
+		ResumeRuns:   2,
+		DataDir:      t.TempDir(),
+		Progress:     &progress,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + progress.String())
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + table.String())
+	if rep.Failed() {
+		t.Fatalf("a measure failed:\n%s", table.String())
+	}
+	rows := map[string]Result{}
+	for _, r := range rep.Results {
+		rows[r.Scenario+"/"+strings.SplitN(r.Measure, ",", 2)[0]] = r
+	}
+	want := map[string]func(Result) error{
+		"fanout/commit→receive": func(r Result) error {
+			// 20 watchers × 50 events/s × 0.4 s, every one delivered.
+			if r.Samples != 20*20 {
+				return fmt.Errorf("samples %d, want 400", r.Samples)
+			}
+			if !strings.Contains(r.Note, " 0 gaps") {
+				return fmt.Errorf("note %q reports gaps", r.Note)
+			}
+			return nil
+		},
+		"fanout/publish→receive": func(r Result) error {
+			if r.Samples != 20*20 {
+				return fmt.Errorf("samples %d, want 400", r.Samples)
+			}
+			return nil
+		},
+		"fanout/max sustained fan-out (WebSocket)": positive,
+		"fanout/max sustained fan-out (raw NATS)":  positive,
+		"append/durable append":                    positive,
+		"wake/hibernated → prompt ack (REST)": func(r Result) error {
+			if r.Samples != 4 {
+				return fmt.Errorf("samples %d, want 4", r.Samples)
+			}
+			return nil
+		},
+		"memory/server RSS per idle WebSocket watcher": positive,
+		"memory/goroutines per hibernated session": func(r Result) error {
+			if r.Met == nil {
+				return fmt.Errorf("no verdict")
+			}
+			return nil
+		},
+		"resume/replay 300 events to a new WebSocket (after=0)": func(r Result) error {
+			if r.Samples != 2 || r.Median <= 0 {
+				return fmt.Errorf("samples %d median %v", r.Samples, r.Median)
+			}
+			return nil
+		},
+	}
+	for key, check := range want {
+		r, ok := rows[key]
+		if !ok {
+			t.Errorf("no row %q", key)
+			continue
+		}
+		if err := check(r); err != nil {
+			t.Errorf("%s: %v", key, err)
+		}
+	}
+}
+
+func positive(r Result) error {
+	if r.Value <= 0 {
+		return fmt.Errorf("value %v, want > 0 (%s)", r.Value, r.Note)
+	}
+	return nil
+}

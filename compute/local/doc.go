@@ -1,0 +1,78 @@
+// Package local is the embedded compute provider: it runs one sandbox per
+// session on this host, each harness command under bubblewrap (bwrap), with
+// the session's workspace directory <Config.Dir>/<session>/workspace bound
+// at /workspace. It implements compute.Provider, compute.Sandbox and
+// compute.Process.
+//
+// # Security
+//
+// A harness runs code an AI agent chose, so the sandbox assumes it is
+// hostile. Each command gets:
+//
+//   - New user, pid, mount, network, ipc, uts and cgroup namespaces
+//     (--unshare-all). Inside, the harness is uid/gid 1000, which maps to the
+//     uid atrium runs as: files it creates in /workspace belong to atrium on
+//     the host, so they stay readable and writable across turns and atrium
+//     can save and delete them. Nested user namespaces are refused
+//     (--disable-userns): they are the usual first step of kernel exploits
+//     and no harness needs them.
+//   - No capabilities (--cap-drop ALL) and no_new_privs (always set by
+//     bubblewrap), so setuid binaries grant nothing.
+//   - No network: the sandbox's network namespace holds only loopback, which
+//     does not reach the host's loopback services. compute.Spec.Network
+//     shares the host's network instead (and its /etc/resolv.conf).
+//   - A read-only system: /usr (and the /bin, /lib, /lib64, /sbin links of a
+//     merged-/usr system) bound read-only, and a synthesized read-only /etc
+//     that holds only what programs need to run (dynamic linker cache, name
+//     service switch, hosts, time zone, CA certificates, shell profiles,
+//     alternatives) plus generated passwd and group files. The host's
+//     /etc/shadow, SSH keys, TLS private keys, package manager credentials
+//     and everything else in /etc are absent, as are /home, /root, /var,
+//     /run and /sys. This matters because the sandbox's uid is atrium's uid
+//     (root, typically) on the host: anything bound in is accessible with
+//     that uid's file permissions.
+//   - Only /workspace and a private /tmp (tmpfs, counted against the memory
+//     limit) are writable; the root is remounted read-only.
+//   - A private /proc showing only the sandbox's processes, and a minimal
+//     /dev (null, zero, full, random, urandom, tty, pts, shm).
+//   - A new session (--new-session), so it cannot push input into atrium's
+//     terminal (TIOCSTI), and --die-with-parent, so the sandbox dies with the
+//     bwrap process the provider watches.
+//   - Only PATH, HOME=/workspace, LANG=C.UTF-8 and TERM=dumb plus the
+//     request's Env: the host environment, which holds atrium's own secrets,
+//     is never inherited. Env travels through the process environment, never
+//     the command line, so other host users cannot read it from ps.
+//   - Memory (without swap) and process-count limits for the whole sandbox
+//     from a cgroup per session (v1 or v2, whichever the host has). Each
+//     command runs in a leaf cgroup of its own below it, entered by a tiny
+//     /bin/sh wrapper that writes its pid to cgroup.procs and then execs
+//     bwrap, so the command cannot fork before it is limited. The leaf
+//     cgroup also tells which processes belong to the command (for Signal
+//     and kill) and whether the kernel's OOM killer struck it.
+//
+// When the host has no usable cgroups the provider logs one warning at New
+// and runs sandboxes without limits; a command's processes are then found
+// through the process tree.
+//
+// If bubblewrap is not installed, New succeeds but Open fails with an error
+// matching session.ErrUnavailable that says how to install it. Config.Unsafe
+// (--unsafe-no-sandbox) instead runs commands directly on the host with the
+// workspace as working directory and HOME, the same minimal environment and
+// the cgroup limits, in a process group and session of their own so that
+// signals reach their children. It isolates nothing and is meant for
+// development machines without bubblewrap.
+//
+// # Processes
+//
+// Stdin, stdout and stderr are plain pipes handed to the command: output is
+// never buffered by the provider, and a harness that writes faster than the
+// caller reads is slowed down by the pipe. Signal delivers a signal to every
+// process of the command but bubblewrap's own two (its monitor and the
+// sandbox's init), so a harness can trap SIGTERM and clean up; SIGKILL kills
+// them all and returns once none is left. When the harness exits, the
+// sandbox's pid namespace ends, killing anything it left running (in unsafe
+// mode the provider kills what is left of its cgroup or process group).
+//
+// bubblewrap reports a command killed by signal N as exit status 128+N, as
+// shells do; the provider decodes that into compute.Exit.Signal.
+package local

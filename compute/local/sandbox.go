@@ -1,0 +1,422 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
+)
+
+// killTimeout bounds how long a SIGKILL waits for a command's processes to
+// disappear.
+const killTimeout = 10 * time.Second
+
+// limits are a sandbox's resources.
+type limits struct {
+	memory  int64
+	pids    int
+	network bool
+}
+
+// Sandbox is a handle on one session's sandbox, carrying the fence of the
+// Open that returned it. It implements compute.Sandbox. Every handle of a
+// session shares the same sandbox; a handle whose fence is older than the
+// newest Open's is refused with session.ErrConflict.
+type Sandbox struct {
+	m     *machine
+	fence int64
+}
+
+var _ compute.Sandbox = (*Sandbox)(nil)
+
+// machine is the state of one session's sandbox, shared by its handles.
+type machine struct {
+	p         *Provider
+	id        session.ID
+	dir       string // <Config.Dir>/<id>
+	workspace string // dir/workspace, bound at /workspace
+
+	// lock is the lifecycle lock, held to provision, start a command,
+	// sleep and destroy. It is a channel so that waiting for it honours a
+	// context.
+	lock chan struct{}
+
+	limits limits  // guarded by lock
+	cg     *cgroup // guarded by lock: the sandbox's cgroup while ready; nil without cgroups
+	seq    int     // guarded by lock: numbers the commands' leaf cgroups
+
+	mu    sync.Mutex
+	state session.SandboxState // guarded by mu
+	procs map[*Process]bool    // guarded by mu: running commands
+}
+
+func newMachine(p *Provider, id session.ID) *machine {
+	dir := filepath.Join(p.cfg.Dir, string(id))
+	return &machine{
+		p:         p,
+		id:        id,
+		dir:       dir,
+		workspace: filepath.Join(dir, "workspace"),
+		lock:      make(chan struct{}, 1),
+		state:     session.SandboxNone,
+		procs:     make(map[*Process]bool),
+	}
+}
+
+// acquire takes the lifecycle lock.
+func (m *machine) acquire(ctx context.Context) error {
+	select {
+	case m.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for sandbox %s: %w", m.id, ctx.Err())
+	}
+}
+
+// release gives the lifecycle lock back.
+func (m *machine) release() { <-m.lock }
+
+func (m *machine) setState(s session.SandboxState) {
+	m.mu.Lock()
+	m.state = s
+	m.mu.Unlock()
+}
+
+func (m *machine) getState() session.SandboxState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state
+}
+
+// open provisions the sandbox with lim, or updates the limits of a ready
+// one.
+func (m *machine) open(ctx context.Context, fence int64, lim limits) error {
+	if err := m.acquire(ctx); err != nil {
+		return err
+	}
+	defer m.release()
+	// A newer owner may have opened the sandbox while this one waited.
+	if err := m.p.admit(m.id, fence, false); err != nil {
+		return err
+	}
+	m.limits = lim
+	if err := m.provisionLocked(); err != nil {
+		return fmt.Errorf("open sandbox %s: %w", m.id, err)
+	}
+	return nil
+}
+
+// provisionLocked makes the workspace and the cgroup with the current
+// limits, and marks the sandbox ready.
+func (m *machine) provisionLocked() error {
+	if err := os.MkdirAll(m.dir, 0o700); err != nil {
+		return fmt.Errorf("create sandbox dir: %w", err)
+	}
+	if err := os.Mkdir(m.workspace, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create workspace: %w", err)
+	}
+	if cs := m.p.cg; cs != nil {
+		cg, err := cs.createSession(string(m.id), m.limits.memory, m.limits.pids)
+		if err != nil {
+			return err
+		}
+		m.cg = &cg
+		m.mu.Lock()
+		idle := len(m.procs) == 0
+		m.mu.Unlock()
+		if idle {
+			// Commands left behind by an earlier provider process (one
+			// that crashed) still count against the limits: end them.
+			if err := m.sweepLocked(); err != nil {
+				return err
+			}
+		}
+	}
+	m.setState(session.SandboxReady)
+	return nil
+}
+
+// sweepLocked kills every process in the sandbox's cgroup and its leaf
+// cgroups and removes the leaves. No command may be running.
+func (m *machine) sweepLocked() error {
+	var errs []error
+	for _, name := range m.cg.children() {
+		leaf := m.cg.child(name)
+		if err := killCgroup(leaf); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := leaf.remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := killCgroup(*m.cg); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// stopLocked kills every running command, waits for them, and removes the
+// sandbox's cgroup.
+func (m *machine) stopLocked(ctx context.Context) error {
+	m.mu.Lock()
+	procs := make([]*Process, 0, len(m.procs))
+	for pr := range m.procs {
+		procs = append(procs, pr)
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, pr := range procs {
+		if err := pr.Signal(syscall.SIGKILL); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, pr := range procs {
+		select {
+		case <-pr.done:
+		case <-ctx.Done():
+			return fmt.Errorf("stop sandbox %s: %w", m.id, ctx.Err())
+		}
+	}
+	if m.cg != nil {
+		if err := m.sweepLocked(); err != nil {
+			errs = append(errs, err)
+		} else if err := m.cg.remove(); err != nil {
+			errs = append(errs, err)
+		}
+		m.cg = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", m.id, err)
+	}
+	return nil
+}
+
+// close is the provider's Close for one sandbox: it stops everything and
+// leaves a ready sandbox sleeping.
+func (m *machine) close(ctx context.Context) error {
+	if err := m.acquire(ctx); err != nil {
+		return err
+	}
+	defer m.release()
+	err := m.stopLocked(ctx)
+	if m.getState() == session.SandboxReady {
+		m.setState(session.SandboxSleeping)
+	}
+	return err
+}
+
+// forget removes a finished command.
+func (m *machine) forget(pr *Process) {
+	m.mu.Lock()
+	delete(m.procs, pr)
+	m.mu.Unlock()
+}
+
+// State returns the sandbox's state: ready after Open, sleeping after Sleep
+// (or the provider's Close), stopped after Destroy.
+func (s *Sandbox) State() session.SandboxState { return s.m.getState() }
+
+// Exec starts req in the sandbox, waking it if it sleeps. ctx bounds only
+// the start; the command runs until it exits or is signalled. The sandbox's
+// processes may run several commands at once.
+func (s *Sandbox) Exec(ctx context.Context, req compute.ExecRequest) (compute.Process, error) {
+	if err := validateExec(req); err != nil {
+		return nil, err
+	}
+	m := s.m
+	if err := m.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer m.release()
+	if err := m.p.admit(m.id, s.fence, true); err != nil {
+		return nil, err
+	}
+	pr, err := m.execLocked(ctx, req)
+	if err != nil {
+		m.p.wg.Done()
+		return nil, err
+	}
+	return pr, nil
+}
+
+// validateExec checks a request before anything starts.
+func validateExec(req compute.ExecRequest) error {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return session.Errorf(session.CodeBadRequest, "exec: empty command")
+	}
+	for _, e := range req.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsRune(e, 0) {
+			return session.Errorf(session.CodeBadRequest, "exec: environment entry %q is not KEY=VALUE", k)
+		}
+	}
+	for _, a := range req.Argv {
+		if strings.ContainsRune(a, 0) {
+			return session.Errorf(session.CodeBadRequest, "exec: argument contains a NUL byte")
+		}
+	}
+	return nil
+}
+
+// execLocked starts req. The caller holds the lifecycle lock and has
+// counted the command's goroutine in p.wg.
+func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Process, error) {
+	switch m.getState() {
+	case session.SandboxStopped:
+		return nil, session.Errorf(session.CodeNotFound, "sandbox of session %s was destroyed", m.id)
+	case session.SandboxSleeping:
+		if err := m.provisionLocked(); err != nil {
+			return nil, fmt.Errorf("wake sandbox %s: %w", m.id, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+	}
+	p := m.p
+	var leaf *cgroup
+	if m.cg != nil {
+		m.seq++
+		l := m.cg.child("x" + strconv.Itoa(m.seq))
+		if err := l.create(); err != nil {
+			return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+		}
+		leaf = &l
+	}
+	var target []string
+	var cmdDir, home string
+	if p.layout != nil {
+		dir := req.Dir
+		if dir == "" {
+			dir = Workspace
+		} else if !path.IsAbs(dir) {
+			dir = path.Join(Workspace, dir)
+		}
+		target = append([]string{p.bwrap}, p.layout.args(m.workspace, dir, m.limits.network, req.Argv)...)
+		// bubblewrap runs from / so that the inherited PWD does not name
+		// a host path.
+		cmdDir, home = "/", Workspace
+	} else {
+		target = req.Argv
+		cmdDir, home = m.hostDir(req.Dir), m.workspace
+	}
+	var files []string
+	if leaf != nil {
+		files = leaf.procsFiles()
+	}
+	pr, err := start(m, leaf, wrapper(files, target), environ(home, req.Env), cmdDir)
+	if err != nil {
+		if leaf != nil {
+			_ = leaf.remove() // Nothing entered it.
+		}
+		return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+	}
+	return pr, nil
+}
+
+// hostDir maps a working directory of an unsafe command to the host: the
+// workspace stands for /workspace.
+func (m *machine) hostDir(dir string) string {
+	switch {
+	case dir == "" || dir == Workspace:
+		return m.workspace
+	case strings.HasPrefix(dir, Workspace+"/"):
+		return filepath.Join(m.workspace, strings.TrimPrefix(dir, Workspace+"/"))
+	case !filepath.IsAbs(dir):
+		return filepath.Join(m.workspace, dir)
+	}
+	return dir
+}
+
+// Sleep kills every running command and releases the sandbox's cgroup,
+// keeping the workspace. The next Exec wakes the sandbox.
+func (s *Sandbox) Sleep(ctx context.Context) error {
+	m := s.m
+	if err := m.acquire(ctx); err != nil {
+		return err
+	}
+	defer m.release()
+	if err := m.p.checkFence(m.id, s.fence); err != nil {
+		return err
+	}
+	if st := m.getState(); st == session.SandboxSleeping || st == session.SandboxStopped {
+		return nil
+	}
+	if err := m.stopLocked(ctx); err != nil {
+		return err
+	}
+	m.setState(session.SandboxSleeping)
+	m.p.log.Debug("sandbox sleeping", "session", string(m.id))
+	return nil
+}
+
+// Destroy kills every running command and deletes the sandbox's cgroup and
+// workspace. A later Open of the session starts from an empty workspace.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	m := s.m
+	if err := m.acquire(ctx); err != nil {
+		return err
+	}
+	defer m.release()
+	if err := m.p.checkFence(m.id, s.fence); err != nil {
+		return err
+	}
+	if err := m.stopLocked(ctx); err != nil {
+		return err
+	}
+	if err := removeAll(m.dir); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
+	}
+	m.setState(session.SandboxStopped)
+	m.p.log.Debug("sandbox destroyed", "session", string(m.id))
+	return nil
+}
+
+// removeAll deletes dir even where a command removed the write permission
+// of a directory it created.
+func removeAll(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
+
+// killCgroup kills every process in cg and waits until none is left.
+func killCgroup(cg cgroup) error {
+	deadline := time.Now().Add(killTimeout)
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		pids, err := cg.procs()
+		if err != nil {
+			return err
+		}
+		if len(alive(pids)) == 0 {
+			return nil
+		}
+		if err := cg.killAll(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v survive SIGKILL", slices.Clip(alive(pids)))
+		}
+		time.Sleep(delay)
+	}
+}

@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"errors"
+
+	"github.com/atriumhq/atrium/session"
+	"github.com/coder/websocket"
+)
+
+// historyPageLimit bounds the events of one history request; MaxBytes keeps
+// its reply under NATS's max payload.
+const historyPageLimit = 1000
+
+// sink is where a feed writes: a WebSocket or an SSE stream. Its errors are
+// write failures: the client is gone or too slow, and nothing more can be
+// sent to it.
+type sink interface {
+	event(ev *event) error
+	frame(b []byte) error // presence, ack and error frames; SSE drops them
+	heartbeat() error
+}
+
+// writeFailed marks a failure to write to the client.
+type writeFailed struct{ err error }
+
+func (e *writeFailed) Error() string { return "write to client: " + e.err.Error() }
+func (e *writeFailed) Unwrap() error { return e.err }
+
+// errRevoked ends a feed whose user was removed from the session.
+var errRevoked = errors.New("gateway: access revoked")
+
+// feed is one watcher's gap-free, duplicate-free view of a session's log
+// (DESIGN §4). Its watcher joins the session's topic first, so live events
+// are queued from then on; the feed then reads history after the resume
+// point from the owner and writes it, and then drains the queue, dropping
+// events it has already written and refetching history when a live event
+// skips ahead (a gap: NATS dropped something). Every event is written exactly
+// once, in seq order, whatever is published while it catches up.
+//
+// A feed is used by its connection's writer goroutine only.
+type feed struct {
+	s      *Server
+	p      session.Principal
+	id     session.ID
+	w      *watcher
+	frames bool // history events need WebSocket frames
+	// activate lets history requests activate the session; false until the
+	// session is known to exist (it may be missing from the catalog).
+	activate bool
+	limit    int         // events per history request; default historyPageLimit
+	last     session.Seq // seq of the last event written (or the resume point)
+}
+
+func (f *feed) page(ctx context.Context, after session.Seq) (*session.Reply, error) {
+	reply, err := f.s.call(ctx, f.p, f.id, session.Command{
+		Op: session.OpHistory, After: after, Limit: cmp.Or(f.limit, historyPageLimit), MaxBytes: session.DefaultHistoryMaxBytes,
+	}, f.activate)
+	if errors.Is(err, errNotActive) {
+		return nil, errNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.activate = true
+	return reply, nil
+}
+
+// open reads the first page of history after the resume point. The watcher
+// must have joined the topic. It fails with bad_request if after is beyond
+// the session's last seq.
+func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, error) {
+	reply, err := f.page(ctx, after)
+	if err != nil {
+		return nil, err
+	}
+	if after > reply.LastSeq {
+		return nil, session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
+	}
+	f.last = after
+	return reply, nil
+}
+
+// replay writes the first page and the rest of history.
+func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error {
+	if err := f.emitPage(first, out); err != nil {
+		return err
+	}
+	if first.More {
+		return f.catchUp(ctx, -1, out)
+	}
+	return nil
+}
+
+// pump writes the watcher's queue to out until the queue ends, ctx is done
+// or writing fails. It returns how the connection ends and, if a feed error
+// (not a write error) ended it, that error for the client.
+func (f *feed) pump(ctx context.Context, out sink) (ending, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return ending{code: websocket.StatusGoingAway, reason: reasonShutdown}, nil
+		case <-f.w.q.wake:
+		}
+		items, end, heartbeat := f.w.q.take()
+		for _, it := range items {
+			var err error
+			if it.ev != nil {
+				err = f.live(ctx, it.ev, out)
+			} else {
+				err = out.frame(it.frame)
+			}
+			if err != nil {
+				return f.failed(err)
+			}
+		}
+		if heartbeat {
+			if err := out.heartbeat(); err != nil {
+				return f.failed(err)
+			}
+		}
+		if end != nil {
+			return *end, nil
+		}
+	}
+}
+
+// failed turns an error of the feed into how the connection ends.
+func (f *feed) failed(err error) (ending, error) {
+	var we *writeFailed
+	switch {
+	case errors.As(err, &we):
+		return ending{}, nil
+	case errors.Is(err, errRevoked):
+		return ending{code: websocket.StatusPolicyViolation, reason: reasonRevoked}, nil
+	case f.s.ctx.Err() != nil:
+		return ending{code: websocket.StatusGoingAway, reason: reasonShutdown}, nil
+	}
+	return closeFor(f.s, f.id, err), err
+}
+
+// closeFor returns how a connection ends after err, which the client is
+// also told about.
+func closeFor(s *Server, id session.ID, err error) ending {
+	e := session.AsError(err)
+	switch e.Code {
+	case session.CodeInternal:
+		s.log.Error("watch session", "session", string(id), "err", err)
+		return ending{code: websocket.StatusInternalError, reason: "internal error"}
+	case session.CodeUnavailable, session.CodeTooManyRequests:
+		return ending{code: websocket.StatusTryAgainLater, reason: "session unavailable: reconnect"}
+	}
+	return ending{code: websocket.StatusPolicyViolation, reason: string(e.Code)}
+}
+
+// live writes a live event unless it was written already, first filling a
+// gap before it from history.
+func (f *feed) live(ctx context.Context, ev *event, out sink) error {
+	if ev.seq <= f.last {
+		return nil
+	}
+	if ev.seq > f.last+1 {
+		f.s.metrics.gapRefetches.Inc()
+		if err := f.catchUp(ctx, ev.seq-1, out); err != nil {
+			return err
+		}
+		if ev.seq <= f.last {
+			return nil
+		}
+	}
+	return f.emit(ev, out)
+}
+
+// catchUp writes history after f.last until it has written upTo, or, when
+// upTo is negative, until the owner has nothing more.
+func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
+	for upTo < 0 || f.last < upTo {
+		reply, err := f.page(ctx, f.last)
+		if err != nil {
+			return err
+		}
+		if err := f.emitPage(reply, out); err != nil {
+			return err
+		}
+		if !reply.More || len(reply.Events) == 0 {
+			break
+		}
+	}
+	if upTo >= 0 && f.last < upTo {
+		return session.Errorf(session.CodeInternal, "history of session %s ends at %d, before live event %d", f.id, f.last, upTo+1)
+	}
+	return nil
+}
+
+func (f *feed) emitPage(reply *session.Reply, out sink) error {
+	for _, raw := range reply.Events {
+		ev, err := parseEvent(raw, f.frames)
+		if err != nil {
+			return session.Errorf(session.CodeInternal, "history of session %s: %v", f.id, err)
+		}
+		if ev.seq <= f.last {
+			continue
+		}
+		if ev.seq != f.last+1 {
+			return session.Errorf(session.CodeInternal, "history of session %s skips from %d to %d", f.id, f.last, ev.seq)
+		}
+		if err := f.emit(ev, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// emit writes ev, the next event, and follows the caller's role through
+// member changes.
+func (f *feed) emit(ev *event, out sink) error {
+	if err := out.event(ev); err != nil {
+		return err
+	}
+	f.last = ev.seq
+	if ev.member != nil && ev.member.User == f.p.User {
+		f.w.setRole(ev.member.Role)
+		if !ev.member.Role.Valid() {
+			return errRevoked
+		}
+	}
+	return nil
+}

@@ -1,0 +1,335 @@
+// Package gateway is Atrium's stateless front door: it authenticates callers,
+// checks their role on a session, and serves the client protocol of DESIGN §7
+// (REST, Server-Sent Events and WebSocket) by talking to session actors over
+// NATS only. It owns connections and nothing else: one NATS subscription per
+// watched session fans each event out to that session's local watchers, every
+// connection has one writer and a bounded queue, and a client that reconnects
+// resumes by cursor without missing or repeating an event.
+//
+// The gateway never imports the node (package actor); the contract between
+// them is package session.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/atriumhq/atrium/gateway/auth"
+	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/web"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Defaults of Config.
+const (
+	// DefaultSendQueue is how many frames may wait for a connection's writer
+	// before the connection is closed as a slow consumer.
+	DefaultSendQueue = 1024
+	// DefaultRequestTimeout bounds one NATS request to a node.
+	DefaultRequestTimeout = 10 * time.Second
+	// DefaultWriteTimeout bounds one write to a client.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultHeartbeat is how often an idle SSE stream gets a comment line.
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultPresenceInterval is how often a gateway republishes its watchers
+	// of each session.
+	DefaultPresenceInterval = 10 * time.Second
+	// DefaultPresenceTTL is how long another gateway's list of watchers
+	// counts without being refreshed.
+	DefaultPresenceTTL = 30 * time.Second
+)
+
+// Close codes and reasons of WebSockets (DESIGN §7).
+const (
+	reasonSlowConsumer = "slow consumer"
+	reasonShutdown     = "server shutting down: reconnect"
+	reasonDeleted      = "session deleted"
+	reasonRevoked      = "access revoked"
+)
+
+// Config configures a Server. NATS and Auth are required.
+type Config struct {
+	// NATS is the connection to the NATS system the nodes serve. The caller
+	// owns it; Close does not close it.
+	NATS *nats.Conn
+	// Subjects names the NATS subjects and buckets; the zero value uses
+	// session.DefaultPrefix.
+	Subjects session.Subjects
+	// Auth identifies callers. If it is also an auth.Router, its login
+	// routes are served under /auth/.
+	Auth auth.Authenticator
+	// ID names this gateway in presence messages; default a random id.
+	ID string
+	// OriginPatterns lists extra origins (host patterns as in path.Match, or
+	// "scheme://host" patterns) allowed to open WebSockets and to send
+	// state-changing requests. The request's own host is always allowed.
+	OriginPatterns []string
+	// SendQueue is how many frames may wait for one connection's writer;
+	// default DefaultSendQueue.
+	SendQueue int
+	// RequestTimeout bounds one request to a node; default
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// WriteTimeout bounds one write to a client; default DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// Heartbeat is the SSE heartbeat period; default DefaultHeartbeat.
+	Heartbeat time.Duration
+	// PresenceInterval and PresenceTTL tune presence; defaults
+	// DefaultPresenceInterval and DefaultPresenceTTL.
+	PresenceInterval time.Duration
+	PresenceTTL      time.Duration
+	// Registry receives the gateway's metrics and is served at /metrics;
+	// nil means a new registry that also has the Go and process collectors.
+	Registry *prometheus.Registry
+	// UI serves the browser UI at /; nil means web.Handler().
+	UI http.Handler
+	// Logger receives the gateway's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is a gateway. Create it with New, serve Handler, and Close it.
+type Server struct {
+	nc            *nats.Conn
+	subj          session.Subjects
+	auth          auth.Authenticator
+	id            string
+	origins       []string
+	sendQueue     int
+	reqTimeout    time.Duration
+	writeTimeout  time.Duration
+	heartbeat     time.Duration
+	presenceEvery time.Duration
+	presenceTTL   time.Duration
+	log           *slog.Logger
+	metrics       *metrics
+	handler       http.Handler
+	hub           *hub
+
+	// ctx is cancelled by Close; connections end when it is.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// bg runs the hub's dispatcher and the maintenance ticker.
+	bg sync.WaitGroup
+	// conns counts connection handlers and writers; Add only under mu while
+	// !closing.
+	conns sync.WaitGroup
+
+	mu      sync.Mutex
+	closing bool // guarded by mu
+
+	kvMu sync.Mutex
+	kv   jetstream.KeyValue // guarded by kvMu; nil until first opened
+
+	closeOnce sync.Once
+	closed    chan struct{} // closed when Close has finished
+	closeErr  error         // set before closed is closed
+}
+
+// New returns a running Server. It starts the goroutines that fan events out;
+// Close stops them.
+func New(cfg Config) (*Server, error) {
+	if cfg.NATS == nil {
+		return nil, errors.New("gateway: config needs a NATS connection")
+	}
+	if cfg.Auth == nil {
+		return nil, errors.New("gateway: config needs an authenticator")
+	}
+	s := &Server{
+		nc:            cfg.NATS,
+		subj:          cfg.Subjects,
+		auth:          cfg.Auth,
+		id:            cfg.ID,
+		origins:       cfg.OriginPatterns,
+		sendQueue:     cfg.SendQueue,
+		reqTimeout:    cfg.RequestTimeout,
+		writeTimeout:  cfg.WriteTimeout,
+		heartbeat:     cfg.Heartbeat,
+		presenceEvery: cfg.PresenceInterval,
+		presenceTTL:   cfg.PresenceTTL,
+		log:           cfg.Logger,
+		closed:        make(chan struct{}),
+	}
+	if s.id == "" {
+		s.id = "gw_" + randomToken(8)
+	}
+	if s.sendQueue <= 0 {
+		s.sendQueue = DefaultSendQueue
+	}
+	if s.reqTimeout <= 0 {
+		s.reqTimeout = DefaultRequestTimeout
+	}
+	if s.writeTimeout <= 0 {
+		s.writeTimeout = DefaultWriteTimeout
+	}
+	if s.heartbeat <= 0 {
+		s.heartbeat = DefaultHeartbeat
+	}
+	if s.presenceEvery <= 0 {
+		s.presenceEvery = DefaultPresenceInterval
+	}
+	if s.presenceTTL <= 0 {
+		s.presenceTTL = DefaultPresenceTTL
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: register metrics: %w", err)
+	}
+	s.metrics = m
+	ui := cfg.UI
+	if ui == nil {
+		ui = web.Handler()
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if r, ok := cfg.Auth.(auth.Router); ok {
+		r.Routes(mux)
+	}
+	mux.Handle("POST /v1/sessions", s.authed(s.createSession))
+	mux.Handle("GET /v1/sessions", s.authed(s.listSessions))
+	mux.Handle("GET /v1/sessions/{id}", s.authed(s.getSession))
+	mux.Handle("DELETE /v1/sessions/{id}", s.authed(s.deleteSession))
+	mux.Handle("POST /v1/sessions/{id}/messages", s.authed(s.postMessage))
+	mux.Handle("POST /v1/sessions/{id}/cancel", s.authed(s.cancelTurn))
+	mux.Handle("POST /v1/sessions/{id}/approvals/{aid}", s.authed(s.approve))
+	mux.Handle("PUT /v1/sessions/{id}/members/{user}", s.authed(s.putMember))
+	mux.Handle("GET /v1/sessions/{id}/events", s.authed(s.events))
+	mux.Handle("GET /v1/sessions/{id}/ws", s.authed(s.serveWS))
+	mux.Handle("/v1/", s.authed(s.noRoute))
+	mux.Handle("/", ui)
+	s.handler = s.secure(s.instrument(mux))
+
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.hub = newHub(s)
+	s.bg.Go(s.hub.run)
+	s.bg.Go(s.maintain)
+	return s, nil
+}
+
+// Handler returns the gateway's HTTP handler: the REST, SSE and WebSocket API
+// under /v1/, login routes under /auth/, /healthz, /readyz, /metrics and the
+// web UI at /.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close closes every WebSocket with 1001 "server shutting down: reconnect",
+// ends SSE streams, drains the gateway's NATS subscriptions and waits for its
+// goroutines, or until ctx is done. It is safe to call more than once.
+func (s *Server) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		go s.shutdown() // owned: Close waits for s.closed below.
+	})
+	select {
+	case <-s.closed:
+		return s.closeErr
+	case <-ctx.Done():
+		return fmt.Errorf("gateway: close: %w", ctx.Err())
+	}
+}
+
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.cancel(errors.New("gateway: closed"))
+	s.conns.Wait()
+	s.hub.close()
+	s.bg.Wait()
+	s.closeErr = nil
+	close(s.closed)
+}
+
+// track counts a connection goroutine so Close waits for it; false means the
+// server is closing and the connection must not start.
+func (s *Server) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.conns.Add(1)
+	return true
+}
+
+// presenceDebounce is how long presence changes gather before they are
+// published and sent.
+const presenceDebounce = 100 * time.Millisecond
+
+// maintain flushes presence changes, republishes presence, expires other
+// gateways' presence and sends SSE heartbeats until the server closes.
+func (s *Server) maintain() {
+	presence := time.NewTicker(s.presenceEvery)
+	defer presence.Stop()
+	heartbeat := time.NewTicker(s.heartbeat)
+	defer heartbeat.Stop()
+	debounce := time.NewTimer(presenceDebounce)
+	defer debounce.Stop()
+	debounce.Stop()
+	pending := false // debounce is armed
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.hub.kick:
+			if !pending {
+				pending = true
+				debounce.Reset(presenceDebounce)
+			}
+		case <-debounce.C:
+			pending = false
+			s.hub.flushPresence()
+		case now := <-presence.C:
+			s.hub.refreshPresence(now)
+		case <-heartbeat.C:
+			s.hub.heartbeat()
+		}
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	switch {
+	case closing:
+		writeError(w, session.Errorf(session.CodeUnavailable, "the gateway is shutting down"))
+	case !s.nc.IsConnected():
+		writeError(w, session.Errorf(session.CodeUnavailable, "not connected to NATS (status %s)", s.nc.Status()))
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	}
+}
+
+var tokenEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+func randomToken(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand never fails on Linux.
+	return tokenEncoding.EncodeToString(b)
+}

@@ -1,0 +1,214 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// authed wraps a handler that needs an authenticated caller. It also refuses
+// state-changing requests from foreign origins, since browsers send the login
+// cookie with them.
+func (s *Server) authed(h func(http.ResponseWriter, *http.Request, session.Principal)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.auth.Authenticate(r)
+		if err != nil {
+			e := session.AsError(err)
+			if e.Code == session.CodeInternal {
+				s.log.Error("authenticate", "err", err)
+			}
+			if e.Code == session.CodeUnauthenticated {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="atrium"`)
+			}
+			writeError(w, e)
+			return
+		}
+		if !safeMethod(r.Method) && !s.originAllowed(r) {
+			writeError(w, session.Errorf(session.CodeForbidden,
+				"cross-origin request from %s refused: add it to the gateway's allowed origins", r.Header.Get("Origin")))
+			return
+		}
+		h(w, r, p)
+	})
+}
+
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// originAllowed reports whether the request's Origin, if any, is the
+// request's own host or matches one of the configured patterns. It follows
+// the rules of websocket.AcceptOptions.OriginPatterns.
+func (s *Server) originAllowed(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	if strings.EqualFold(u.Host, r.Host) {
+		return true
+	}
+	for _, p := range s.origins {
+		target := u.Host
+		if strings.Contains(p, "://") {
+			target = u.Scheme + "://" + u.Host
+		}
+		if ok, err := path.Match(strings.ToLower(p), strings.ToLower(target)); err == nil && ok {
+			return true
+		}
+	}
+	return false
+}
+
+// secure sets security headers on every response.
+func (s *Server) secure(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
+		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "+
+			"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		if strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/auth/") {
+			h.Set("Cache-Control", "no-store")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// instrument counts requests by route pattern and status code.
+func (s *Server) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		route := r.Pattern // set by the ServeMux on this request.
+		if route == "" {
+			route = "unmatched"
+		}
+		code := sw.code
+		if code == 0 {
+			code = http.StatusOK
+		}
+		s.metrics.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	})
+}
+
+// statusWriter records the status code. Unwrap lets http.ResponseController
+// and the WebSocket library reach the underlying writer's Flush and Hijack.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, _ session.Principal) {
+	writeError(w, session.Errorf(session.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path))
+}
+
+// fail answers with err's wire error, logging failures that are the
+// gateway's or the system's rather than the caller's.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := session.AsError(err)
+	if e.Code == session.CodeInternal || e.Code == session.CodeUnavailable {
+		s.log.Warn("request failed", "route", r.Pattern, "code", string(e.Code), "err", err)
+	}
+	writeError(w, e)
+}
+
+// writeError answers with the contract's error body and the code's status.
+func writeError(w http.ResponseWriter, err error) {
+	e := session.AsError(err)
+	if e.Code == session.CodeTooManyRequests && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, e.Code.HTTPStatus(), session.ErrorBody{Error: e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"internal error"}}`)
+	}
+	writeRawJSON(w, status, append(b, '\n'))
+}
+
+func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// decodeBody decodes a strict JSON object body into v: unknown fields,
+// malformed JSON and trailing data are bad requests, and a body over
+// session.MaxFrameBytes is too large. An empty body leaves v as it is when
+// emptyOK, and is a bad request otherwise.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, session.MaxFrameBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return session.Errorf(session.CodePayloadTooLarge, "request body is larger than %d bytes", session.MaxFrameBytes)
+		}
+		return session.Errorf(session.CodeBadRequest, "read request body: %v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if emptyOK {
+			return nil
+		}
+		return session.Errorf(session.CodeBadRequest, "request body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var e *session.Error
+		if errors.As(err, &e) {
+			return e
+		}
+		return session.Errorf(session.CodeBadRequest, "invalid JSON body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return session.Errorf(session.CodeBadRequest, "invalid JSON body: unexpected data after the object")
+	}
+	return nil
+}
+
+// parseSeq parses a non-negative seq query value; empty means 0.
+func parseSeq(name, v string) (session.Seq, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, session.Errorf(session.CodeBadRequest, "%s must be a non-negative integer, not %q", name, v)
+	}
+	return n, nil
+}

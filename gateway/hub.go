@@ -1,0 +1,426 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/atriumhq/atrium/session"
+	"github.com/nats-io/nats.go"
+)
+
+// hubBuffer is the capacity of the channel that every NATS subscription of
+// the hub delivers into. When it is full NATS drops messages; watchers then
+// see a gap and refetch it from history, and presence is republished.
+const hubBuffer = 8192
+
+// watcher is one connection (WebSocket or SSE) watching a session. Its queue
+// is filled by the hub and by the connection's reader, and drained by the
+// connection's writer.
+type watcher struct {
+	conn  string // connection id shown in presence
+	user  string
+	since session.Time
+	sse   bool         // SSE streams get events only, no presence frames
+	role  atomic.Value // session.Role; follows member_changed events
+	q     queue
+}
+
+func (s *Server) newWatcher(user string, sse bool) *watcher {
+	w := &watcher{
+		conn:  "c_" + randomToken(8),
+		user:  user,
+		since: session.Time{Time: time.Now().UTC()},
+		sse:   sse,
+	}
+	w.q.init(s.sendQueue)
+	w.role.Store(session.RoleNone)
+	return w
+}
+
+func (w *watcher) getRole() session.Role  { return w.role.Load().(session.Role) }
+func (w *watcher) setRole(r session.Role) { w.role.Store(r) }
+
+// hub fans out each watched session's events and presence to its local
+// watchers. A session with local watchers is a topic with one NATS
+// subscription to its events and one to its presence; every subscription
+// delivers into one channel, drained by one dispatcher goroutine (run), so the
+// hub's cost does not grow with connections.
+type hub struct {
+	s    *Server
+	msgs chan *nats.Msg
+
+	// kick (capacity 1) tells the maintenance loop that topics are dirty.
+	kick chan struct{}
+
+	mu     sync.Mutex
+	topics map[session.ID]*topic         // guarded by mu
+	subs   map[*nats.Subscription]*topic // guarded by mu
+	dirty  map[*topic]struct{}           // guarded by mu: presence to flush
+}
+
+// topic is one session watched from this gateway.
+type topic struct {
+	id           session.ID
+	evSub, prSub *nats.Subscription // set at creation
+	refs         int                // guarded by hub.mu
+
+	mu       sync.Mutex
+	watchers map[*watcher]struct{}     // guarded by mu
+	remote   map[string]remotePresence // guarded by mu: other gateways' watchers
+	presence []byte                    // guarded by mu: the last presence frame sent
+	publish  bool                      // guarded by mu: our list must be published at the next flush
+}
+
+type remotePresence struct {
+	watchers []session.Watcher
+	seen     time.Time
+}
+
+func newHub(s *Server) *hub {
+	return &hub{
+		s:      s,
+		msgs:   make(chan *nats.Msg, hubBuffer),
+		kick:   make(chan struct{}, 1),
+		topics: make(map[session.ID]*topic),
+		subs:   make(map[*nats.Subscription]*topic),
+		dirty:  make(map[*topic]struct{}),
+	}
+}
+
+// join adds w to id's topic, subscribing to the session if w is its first
+// local watcher. When join returns, every event the session publishes from
+// then on reaches w's queue: the subscription is registered with the server
+// (flushed), so a history read made after join overlaps the live stream.
+func (h *hub) join(ctx context.Context, id session.ID, w *watcher) (*topic, error) {
+	h.mu.Lock()
+	t := h.topics[id]
+	if t == nil {
+		var err error
+		t, err = h.subscribeLocked(id)
+		if err != nil {
+			h.mu.Unlock()
+			return nil, err
+		}
+	}
+	t.refs++
+	h.mu.Unlock()
+
+	t.add(w)
+	h.markDirty(t)
+	ctx, cancel := context.WithTimeout(ctx, h.s.reqTimeout)
+	defer cancel()
+	if err := h.s.nc.FlushWithContext(ctx); err != nil {
+		h.leave(t, w)
+		return nil, natsError(fmt.Errorf("flush subscription to session %s: %w", id, err))
+	}
+	return t, nil
+}
+
+func (h *hub) subscribeLocked(id session.ID) (*topic, error) {
+	t := &topic{id: id, watchers: make(map[*watcher]struct{}), remote: make(map[string]remotePresence)}
+	var err error
+	if t.evSub, err = h.s.nc.ChanSubscribe(h.s.subj.Events(id), h.msgs); err != nil {
+		return nil, natsError(fmt.Errorf("subscribe to events of %s: %w", id, err))
+	}
+	if t.prSub, err = h.s.nc.ChanSubscribe(h.s.subj.Presence(id), h.msgs); err != nil {
+		_ = t.evSub.Unsubscribe()
+		return nil, natsError(fmt.Errorf("subscribe to presence of %s: %w", id, err))
+	}
+	h.topics[id] = t
+	h.subs[t.evSub] = t
+	h.subs[t.prSub] = t
+	h.s.metrics.sessions.Inc()
+	return t, nil
+}
+
+// leave removes w from t, unsubscribing when it was the last local watcher
+// (and then telling other gateways at once that we have none).
+func (h *hub) leave(t *topic, w *watcher) {
+	t.remove(w)
+	h.mu.Lock()
+	t.refs--
+	last := t.refs == 0
+	if last {
+		h.unsubscribeLocked(t)
+	}
+	h.mu.Unlock()
+	if !last {
+		h.markDirty(t)
+		return
+	}
+	t.mu.Lock()
+	msg := t.localPresenceLocked(h.s.id)
+	t.mu.Unlock()
+	h.s.publishPresence(t.id, msg)
+}
+
+// markDirty schedules a presence flush of t. Flushes are debounced, so that
+// many watchers joining at once cost a few presence frames, not one each.
+func (h *hub) markDirty(t *topic) {
+	h.mu.Lock()
+	if h.topics[t.id] == t {
+		h.dirty[t] = struct{}{}
+	}
+	h.mu.Unlock()
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// flushPresence publishes the lists of this gateway's watchers that changed
+// and sends presence frames where the merged list changed.
+func (h *hub) flushPresence() {
+	h.mu.Lock()
+	dirty := h.dirty
+	h.dirty = make(map[*topic]struct{})
+	h.mu.Unlock()
+	for t := range dirty {
+		t.mu.Lock()
+		var msg []byte
+		if t.publish {
+			t.publish = false
+			msg = t.localPresenceLocked(h.s.id)
+		}
+		t.sendPresenceLocked(h.s)
+		t.mu.Unlock()
+		if msg != nil {
+			h.s.publishPresence(t.id, msg)
+		}
+	}
+}
+
+func (h *hub) unsubscribeLocked(t *topic) {
+	if h.topics[t.id] != t {
+		return
+	}
+	delete(h.topics, t.id)
+	delete(h.subs, t.evSub)
+	delete(h.subs, t.prSub)
+	delete(h.dirty, t)
+	_ = t.evSub.Unsubscribe()
+	_ = t.prSub.Unsubscribe()
+	h.s.metrics.sessions.Dec()
+}
+
+// run dispatches NATS messages to topics until the server closes.
+func (h *hub) run() {
+	for {
+		select {
+		case <-h.s.ctx.Done():
+			return
+		case m := <-h.msgs:
+			h.dispatch(m)
+		}
+	}
+}
+
+func (h *hub) dispatch(m *nats.Msg) {
+	h.mu.Lock()
+	t := h.subs[m.Sub]
+	h.mu.Unlock()
+	if t == nil {
+		return // the topic ended while the message waited.
+	}
+	if m.Sub == t.prSub {
+		var pm session.PresenceMessage
+		if err := json.Unmarshal(m.Data, &pm); err != nil {
+			h.s.log.Warn("skip undecodable presence message", "session", string(t.id), "err", err)
+			return
+		}
+		if pm.Gateway != h.s.id && t.onPresence(pm, time.Now()) {
+			h.markDirty(t)
+		}
+		return
+	}
+	if session.ControlKind(m.Header.Get(session.HeaderControl)) == session.ControlDeleted {
+		t.closeAll(ending{code: 1000, reason: reasonDeleted, drain: true})
+		return
+	}
+	ev, err := parseEvent(m.Data, true)
+	if err != nil {
+		h.s.log.Warn("skip undecodable event", "session", string(t.id), "err", err)
+		return
+	}
+	t.broadcast(h.s, out{ev: ev})
+}
+
+// close ends the hub's subscriptions. Connections have ended by then.
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, t := range h.topics {
+		h.unsubscribeLocked(t)
+	}
+}
+
+// topicsSnapshot returns the current topics.
+func (h *hub) topicsSnapshot() []*topic {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ts := make([]*topic, 0, len(h.topics))
+	for _, t := range h.topics {
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+// refreshPresence republishes this gateway's watchers of every topic and
+// forgets other gateways' lists that were not refreshed in time.
+func (h *hub) refreshPresence(now time.Time) {
+	for _, t := range h.topicsSnapshot() {
+		t.mu.Lock()
+		msg := t.localPresenceLocked(h.s.id)
+		expired := false
+		for gw, rp := range t.remote {
+			if now.Sub(rp.seen) > h.s.presenceTTL {
+				delete(t.remote, gw)
+				expired = true
+			}
+		}
+		t.mu.Unlock()
+		h.s.publishPresence(t.id, msg)
+		if expired {
+			h.markDirty(t)
+		}
+	}
+}
+
+// heartbeat asks every SSE writer for a heartbeat.
+func (h *hub) heartbeat() {
+	for _, t := range h.topicsSnapshot() {
+		t.mu.Lock()
+		for w := range t.watchers {
+			if w.sse {
+				w.q.beat()
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+func (t *topic) add(w *watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.watchers[w] = struct{}{}
+	t.publish = true
+}
+
+func (t *topic) remove(w *watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.watchers, w)
+	t.publish = true
+}
+
+// broadcast queues o to every watcher; a watcher whose queue is full is
+// closed as a slow consumer. It never blocks.
+func (t *topic) broadcast(s *Server, o out) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.broadcastLocked(s, o, true)
+}
+
+func (t *topic) broadcastLocked(s *Server, o out, toSSE bool) {
+	n := 0
+	for w := range t.watchers {
+		if w.sse && !toSSE {
+			continue
+		}
+		if w.q.push(o) {
+			n++
+			continue
+		}
+		if w.q.finish(ending{code: session.CloseSlowConsumer, reason: reasonSlowConsumer}) {
+			s.metrics.slow.Inc()
+		}
+	}
+	if o.ev != nil {
+		s.metrics.fanout.Add(float64(n))
+	}
+}
+
+// closeAll ends every watcher's connection.
+func (t *topic) closeAll(e ending) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for w := range t.watchers {
+		w.q.finish(e)
+	}
+}
+
+// onPresence records another gateway's watchers of t. It reports whether
+// a flush is needed: the list changed, or the gateway is new to t, in which
+// case it should hear about our watchers now rather than at the next refresh.
+func (t *topic) onPresence(pm session.PresenceMessage, now time.Time) (flush bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, known := t.remote[pm.Gateway]
+	if len(pm.Watchers) == 0 {
+		delete(t.remote, pm.Gateway)
+		return known
+	}
+	t.remote[pm.Gateway] = remotePresence{watchers: pm.Watchers, seen: now}
+	if !known && len(t.watchers) > 0 {
+		t.publish = true
+	}
+	return !known || !slices.Equal(old.watchers, pm.Watchers)
+}
+
+// localPresenceLocked returns the presence message listing this gateway's
+// watchers of t.
+func (t *topic) localPresenceLocked(gateway string) []byte {
+	pm := session.PresenceMessage{Gateway: gateway, Watchers: make([]session.Watcher, 0, len(t.watchers))}
+	for w := range t.watchers {
+		pm.Watchers = append(pm.Watchers, session.Watcher{User: w.user, Conn: w.conn, Since: w.since})
+	}
+	sortWatchers(pm.Watchers)
+	b, _ := json.Marshal(pm) // plain strings and times always encode.
+	return b
+}
+
+// sendPresenceLocked sends a presence frame to the local WebSocket watchers
+// if the merged list of watchers changed since the last one.
+func (t *topic) sendPresenceLocked(s *Server) {
+	var all []session.Watcher
+	for w := range t.watchers {
+		all = append(all, session.Watcher{User: w.user, Conn: w.conn, Since: w.since})
+	}
+	for _, rp := range t.remote {
+		all = append(all, rp.watchers...)
+	}
+	sortWatchers(all)
+	if all == nil {
+		all = []session.Watcher{}
+	}
+	frame, _ := json.Marshal(session.PresenceFrame{Type: session.FramePresence, Watchers: all})
+	if bytes.Equal(frame, t.presence) {
+		return
+	}
+	t.presence = frame
+	t.broadcastLocked(s, out{frame: frame}, false)
+}
+
+func sortWatchers(ws []session.Watcher) {
+	slices.SortFunc(ws, func(a, b session.Watcher) int {
+		if c := a.Since.Compare(b.Since.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Conn, b.Conn)
+	})
+}
+
+// publishPresence publishes a presence message. Presence is best effort: a
+// lost message is repaired by the next refresh.
+func (s *Server) publishPresence(id session.ID, msg []byte) {
+	if err := s.nc.Publish(s.subj.Presence(id), msg); err != nil {
+		s.log.Debug("publish presence", "session", string(id), "err", err)
+	}
+}

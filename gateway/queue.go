@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/atriumhq/atrium/session"
+	"github.com/coder/websocket"
+)
+
+// event is one event of a session's log as the gateway handles it: the
+// node's bytes, never re-encoded, and the few fields the gateway reads. Live
+// events are parsed once per gateway and shared by every watcher.
+type event struct {
+	seq    session.Seq
+	kind   session.Kind
+	raw    json.RawMessage            // the event as the node encoded it
+	frame  []byte                     // {"type":"event","event":raw}, when built
+	member *session.MemberChangedData // the data of a member_changed event
+}
+
+// parseEvent reads an encoded event's seq and kind (and member change).
+// withFrame also builds its WebSocket frame.
+func parseEvent(raw json.RawMessage, withFrame bool) (*event, error) {
+	var head struct {
+		Seq  session.Seq  `json:"seq"`
+		Kind session.Kind `json:"kind"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("decode event: %w", err)
+	}
+	if head.Seq <= 0 {
+		return nil, fmt.Errorf("decode event: seq %d is not positive", head.Seq)
+	}
+	ev := &event{seq: head.Seq, kind: head.Kind, raw: raw}
+	if head.Kind == session.KindMemberChanged {
+		var d struct {
+			Data session.MemberChangedData `json:"data"`
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return nil, fmt.Errorf("decode member_changed event %d: %w", head.Seq, err)
+		}
+		ev.member = &d.Data
+	}
+	if withFrame {
+		ev.buildFrame()
+	}
+	return ev, nil
+}
+
+func (ev *event) buildFrame() {
+	ev.frame = session.AppendEventFrame(make([]byte, 0, len(ev.raw)+len(`{"type":"event","event":}`)), ev.raw)
+}
+
+// out is one item of a connection's send queue: an event, or a complete
+// frame (presence, ack, error).
+type out struct {
+	ev    *event
+	frame []byte
+}
+
+// ending says how and why a connection ends.
+type ending struct {
+	code   websocket.StatusCode // WebSocket close code; 0: just drop the connection
+	reason string
+	// drain delivers what is already queued before closing.
+	drain bool
+}
+
+// queue is a connection's bounded send queue. Producers never block: push
+// fails when limit items wait, and the producer then ends the connection as a
+// slow consumer. The connection's single writer takes everything queued at
+// once. An idle queue holds no buffer.
+type queue struct {
+	wake chan struct{} // capacity 1: something was queued or the queue ended
+
+	mu        sync.Mutex
+	items     []out   // guarded by mu
+	limit     int     // guarded by mu (set once)
+	end       *ending // guarded by mu; set once
+	heartbeat bool    // guarded by mu
+}
+
+func (q *queue) init(limit int) {
+	q.wake = make(chan struct{}, 1)
+	q.limit = limit
+}
+
+func (q *queue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// push queues o. It returns false when the queue is full; it drops o and
+// returns true when the queue has ended.
+func (q *queue) push(o out) bool {
+	q.mu.Lock()
+	if q.end != nil {
+		q.mu.Unlock()
+		return true
+	}
+	if len(q.items) >= q.limit {
+		q.mu.Unlock()
+		return false
+	}
+	q.items = append(q.items, o)
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+// finish ends the queue with e unless it has ended already, and reports
+// whether it did. Unless e.drain, what waits is dropped.
+func (q *queue) finish(e ending) bool {
+	q.mu.Lock()
+	if q.end != nil {
+		q.mu.Unlock()
+		return false
+	}
+	q.end = &e
+	if !e.drain {
+		q.items = nil
+	}
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+// beat asks the writer for a heartbeat.
+func (q *queue) beat() {
+	q.mu.Lock()
+	q.heartbeat = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+// take returns everything queued, the ending if the queue has ended, and
+// whether a heartbeat is due.
+func (q *queue) take() (items []out, end *ending, heartbeat bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items, q.items = q.items, nil
+	heartbeat, q.heartbeat = q.heartbeat, false
+	return items, q.end, heartbeat
+}
+
+// ended reports whether the queue has ended.
+func (q *queue) ended() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.end != nil
+}

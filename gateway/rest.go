@@ -1,0 +1,293 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// Limits of GET /v1/sessions/{id}/events.
+const (
+	DefaultEventsLimit = 100
+	MaxEventsLimit     = 1000
+)
+
+// createSession serves POST /v1/sessions {"title"?,"harness"?} → 201 Session.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	var body struct {
+		Title   string          `json:"title"`
+		Harness session.Harness `json:"harness"`
+	}
+	if err := decodeBody(w, r, &body, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(body.Title) > session.MaxTitleBytes {
+		s.fail(w, r, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes))
+		return
+	}
+	if err := body.Harness.Validate(); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	id := session.NewID()
+	reply, err := s.place(r.Context(), p, session.PlaceRequest{
+		Op: session.PlaceCreate, Session: id, Title: body.Title, Harness: body.Harness,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sess := reply.Session
+	if sess == nil {
+		info, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, true)
+		if err == nil && info.Session == nil {
+			err = session.Errorf(session.CodeInternal, "info reply of session %s has no session", id)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		sess = info.Session
+	}
+	w.Header().Set("Location", "/v1/sessions/"+string(sess.ID))
+	writeJSON(w, http.StatusCreated, sess)
+}
+
+// listSessions serves GET /v1/sessions from the catalog, never waking a
+// session: those the caller has a role on, newest first.
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	entries, err := s.catalogList(r.Context(), p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body := struct {
+		Sessions []session.Session `json:"sessions"`
+	}{Sessions: make([]session.Session, 0, len(entries))}
+	for i := range entries {
+		sess := entries[i].SessionFor(p.User)
+		sess.Role = roleIn(&entries[i], p)
+		body.Sessions = append(body.Sessions, sess)
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// getSession serves GET /v1/sessions/{id}. An active session's owner answers;
+// a hibernated one is answered from the catalog and stays asleep.
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reply, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, false)
+	switch {
+	case errors.Is(err, errNotActive) && entry == nil:
+		s.fail(w, r, errNotFound)
+	case errors.Is(err, errNotActive):
+		sess := entry.SessionFor(p.User)
+		sess.Role = roleIn(entry, p)
+		sess.State = session.StateHibernated
+		writeJSON(w, http.StatusOK, sess)
+	case err != nil:
+		s.fail(w, r, err)
+	case reply.Session == nil:
+		s.fail(w, r, session.Errorf(session.CodeInternal, "info reply of session %s has no session", id))
+	default:
+		writeJSON(w, http.StatusOK, reply.Session)
+	}
+}
+
+// deleteSession serves DELETE /v1/sessions/{id} → 204 (owner).
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	if _, err := s.do(r.Context(), p, id, session.ActManage, session.Command{Op: session.OpDelete}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// postMessage serves POST /v1/sessions/{id}/messages {"text","client_id"?} →
+// 202 {"seq"} once the message is durable.
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	var body struct {
+		Text     string `json:"text"`
+		ClientID string `json:"client_id"`
+	}
+	if err := decodeBody(w, r, &body, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := validatePrompt(body.Text, body.ClientID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reply, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{
+		Op: session.OpPrompt, Text: body.Text, ClientID: body.ClientID,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, struct {
+		Seq session.Seq `json:"seq"`
+	}{reply.Seq})
+}
+
+// cancelTurn serves POST /v1/sessions/{id}/cancel → 202.
+func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	var body struct{}
+	if err := decodeBody(w, r, &body, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if _, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{Op: session.OpCancel}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeRawJSON(w, http.StatusAccepted, []byte("{}\n"))
+}
+
+// approve serves POST /v1/sessions/{id}/approvals/{aid} {"allow":bool} → 202.
+func (s *Server) approve(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	aid := r.PathValue("aid")
+	var body struct {
+		Allow *bool `json:"allow"`
+	}
+	if err := decodeBody(w, r, &body, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.Allow == nil {
+		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "allow": true or false`))
+		return
+	}
+	if _, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{
+		Op: session.OpApprove, ApprovalID: aid, Allow: *body.Allow,
+	}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeRawJSON(w, http.StatusAccepted, []byte("{}\n"))
+}
+
+// putMember serves PUT /v1/sessions/{id}/members/{user} {"role"} → 200
+// {"user","role"} (owner). Role "none" removes the member.
+func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	user := r.PathValue("user")
+	if err := session.ValidUser(user); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var body struct {
+		Role *string `json:"role"`
+	}
+	if err := decodeBody(w, r, &body, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.Role == nil {
+		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "role": viewer, driver, owner or none`))
+		return
+	}
+	role, err := session.ParseRole(*body.Role)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if _, err := s.do(r.Context(), p, id, session.ActManage, session.Command{Op: session.OpMember, User: user, Role: role}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		User string       `json:"user"`
+		Role session.Role `json:"role"`
+	}{user, role})
+}
+
+// events serves GET /v1/sessions/{id}/events?after=N&limit=M →
+// {"events":[…],"last_seq","epoch"}, or an SSE stream when the client
+// accepts text/event-stream. Events are the node's bytes, never re-encoded.
+func (s *Server) events(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		s.serveSSE(w, r, p)
+		return
+	}
+	id := session.ID(r.PathValue("id"))
+	q := r.URL.Query()
+	after, err := parseSeq("after", q.Get("after"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit := DefaultEventsLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxEventsLimit {
+			s.fail(w, r, session.Errorf(session.CodeBadRequest, "limit must be an integer from 1 to %d, not %q", MaxEventsLimit, v))
+			return
+		}
+		limit = n
+	}
+	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f := &feed{s: s, p: p, id: id, activate: entry != nil, limit: limit}
+	reply, err := f.open(r.Context(), after)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	events, lastSeq, epoch := reply.Events, reply.LastSeq, reply.Epoch
+	for reply.More && len(events) < limit && len(reply.Events) > 0 {
+		ev, err := parseEvent(events[len(events)-1], false)
+		if err == nil {
+			reply, err = s.call(r.Context(), p, id, session.Command{
+				Op: session.OpHistory, After: ev.seq, Limit: limit - len(events), MaxBytes: session.DefaultHistoryMaxBytes,
+			}, true)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		events = append(events, reply.Events...)
+		lastSeq = max(lastSeq, reply.LastSeq)
+	}
+	if len(events) > limit {
+		events = events[:limit]
+	}
+	// Written by hand so that events stay byte for byte as the node sent
+	// them (encoding/json would escape HTML characters inside them).
+	n := 64 + len(epoch)
+	for _, ev := range events {
+		n += len(ev) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"events":[`...)
+	for i, ev := range events {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, ev...)
+	}
+	b = append(b, `],"last_seq":`...)
+	b = strconv.AppendInt(b, lastSeq, 10)
+	b = append(b, `,"epoch":`...)
+	eb, _ := json.Marshal(epoch)
+	b = append(b, eb...)
+	b = append(b, "}\n"...)
+	writeRawJSON(w, http.StatusOK, b)
+}

@@ -1,0 +1,279 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/atriumhq/atrium/session"
+	"github.com/coder/websocket"
+)
+
+// wsConn is one WebSocket watching a session. Its reader goroutine handles
+// client frames; its writer goroutine owns every write and is the only user
+// of its feed.
+type wsConn struct {
+	s  *Server
+	ws *websocket.Conn
+	p  session.Principal
+	id session.ID
+	w  *watcher
+	// after is the resume point; known says the catalog has the session.
+	after session.Seq
+	known bool
+}
+
+// serveWS serves GET /v1/sessions/{id}/ws?after=N.
+func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	after, err := parseSeq("after", r.URL.Query().Get("after"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if entry == nil {
+		// Not in the catalog (yet): only an active actor can vouch for it.
+		// Ask it now, so an unknown session is a 404 rather than a socket
+		// that closes at once.
+		if _, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, false); err != nil {
+			if errors.Is(err, errNotActive) {
+				err = errNotFound
+			}
+			s.fail(w, r, err)
+			return
+		}
+	}
+	if !s.originAllowed(r) {
+		s.fail(w, r, session.Errorf(session.CodeForbidden,
+			"WebSocket from origin %s refused: add it to the gateway's allowed origins", r.Header.Get("Origin")))
+		return
+	}
+	if offered := headerTokens(r, "Sec-WebSocket-Protocol"); len(offered) > 0 && !slices.Contains(offered, session.Subprotocol) {
+		s.fail(w, r, session.Errorf(session.CodeBadRequest, "unsupported WebSocket subprotocol: use %s", session.Subprotocol))
+		return
+	}
+	if !s.track() {
+		s.fail(w, r, session.Errorf(session.CodeUnavailable, "the gateway is shutting down: reconnect"))
+		return
+	}
+	defer s.conns.Done()
+
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols:    []string{session.Subprotocol},
+		OriginPatterns:  s.origins,
+		CompressionMode: websocket.CompressionDisabled, // ~1.2 MB per connection otherwise.
+	})
+	if err != nil {
+		return // Accept has answered.
+	}
+	ws.SetReadLimit(session.MaxFrameBytes) // a bigger frame closes with 1009.
+
+	c := &wsConn{s: s, ws: ws, p: p, id: id, w: s.newWatcher(p.User, false), after: after, known: entry != nil}
+	if entry != nil {
+		c.w.setRole(roleIn(entry, p))
+	}
+	s.metrics.conns.WithLabelValues("ws").Inc()
+
+	// The connection is hijacked, so this handler returns and the
+	// connection lives on in two fresh goroutines with small stacks: its
+	// writer and its reader.
+	done := make(chan struct{})
+	s.conns.Go(func() {
+		defer close(done)
+		c.write()
+	})
+	s.conns.Go(func() {
+		defer s.metrics.conns.WithLabelValues("ws").Dec()
+		c.read()
+		c.w.q.finish(ending{}) // the peer left or the connection broke: stop the writer.
+		<-done
+	})
+}
+
+// write runs the connection's writer until the connection ends, then closes
+// it with the ending's code.
+func (c *wsConn) write() {
+	end, err := c.run()
+	if err != nil {
+		_ = c.send(errorFrame(err, ""))
+	}
+	if end.code == 0 {
+		_ = c.ws.CloseNow()
+		return
+	}
+	_ = c.ws.Close(end.code, end.reason)
+}
+
+func (c *wsConn) run() (ending, error) {
+	ctx := c.s.ctx
+	f := &feed{s: c.s, p: c.p, id: c.id, w: c.w, frames: true, activate: c.known}
+	t, err := c.s.hub.join(ctx, c.id, c.w)
+	if err != nil {
+		return f.failed(err)
+	}
+	defer c.s.hub.leave(t, c.w)
+
+	first, err := f.open(ctx, c.after)
+	if err != nil {
+		return f.failed(err)
+	}
+	info, err := c.s.call(ctx, c.p, c.id, session.Command{Op: session.OpInfo}, true)
+	if err == nil && info.Session == nil {
+		err = session.Errorf(session.CodeInternal, "info reply of session %s has no session", c.id)
+	}
+	if err != nil {
+		return f.failed(err)
+	}
+	sess := *info.Session
+	c.w.setRole(sess.Role)
+	hello, err := json.Marshal(session.HelloFrame{
+		Type: session.FrameHello, Session: sess, You: session.You{User: c.p.User, Role: sess.Role}, LastSeq: first.LastSeq,
+	})
+	if err != nil {
+		return f.failed(err)
+	}
+	if err := c.send(hello); err != nil {
+		return f.failed(err)
+	}
+	if err := f.replay(ctx, first, c); err != nil {
+		return f.failed(err)
+	}
+	return f.pump(ctx, c)
+}
+
+func (c *wsConn) event(ev *event) error { return c.send(ev.frame) }
+func (c *wsConn) frame(b []byte) error  { return c.send(b) }
+func (c *wsConn) heartbeat() error      { return nil }
+
+func (c *wsConn) send(b []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.writeTimeout)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, b); err != nil {
+		return &writeFailed{err: err}
+	}
+	return nil
+}
+
+// read handles client frames until the connection ends. A connection is
+// always read, so control frames and the close handshake are answered.
+func (c *wsConn) read() {
+	for {
+		typ, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		c.handle(typ, data)
+	}
+}
+
+// handle acts on one client frame. Every problem is answered with an error
+// frame; the connection stays open.
+func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
+	if typ != websocket.MessageText {
+		c.reply(errorFrame(session.Errorf(session.CodeBadRequest, "frames must be JSON text messages"), ""))
+		return
+	}
+	var f session.ClientFrame
+	if err := json.Unmarshal(data, &f); err != nil {
+		c.reply(errorFrame(session.Errorf(session.CodeBadRequest, "malformed JSON frame: %v", err), clientID(f.ClientID)))
+		return
+	}
+	cid := clientID(f.ClientID)
+	switch f.Type {
+	case session.FramePrompt, session.FrameCancel, session.FrameApprove:
+	default:
+		c.reply(errorFrame(session.Errorf(session.CodeBadRequest,
+			"unknown frame type %q: want prompt, cancel or approve", f.Type), cid))
+		return
+	}
+	if err := session.Authorize(c.w.getRole(), session.ActDrive); err != nil {
+		c.reply(errorFrame(err, cid))
+		return
+	}
+	var cmd session.Command
+	switch f.Type {
+	case session.FramePrompt:
+		if err := validatePrompt(f.Text, f.ClientID); err != nil {
+			c.reply(errorFrame(err, cid))
+			return
+		}
+		cmd = session.Command{Op: session.OpPrompt, Text: f.Text, ClientID: f.ClientID}
+	case session.FrameCancel:
+		cmd = session.Command{Op: session.OpCancel}
+	case session.FrameApprove:
+		if f.ID == "" || f.Allow == nil {
+			c.reply(errorFrame(session.Errorf(session.CodeBadRequest, `approve needs "id" and "allow"`), cid))
+			return
+		}
+		cmd = session.Command{Op: session.OpApprove, ApprovalID: f.ID, Allow: *f.Allow}
+	}
+	reply, err := c.s.call(c.s.ctx, c.p, c.id, cmd, true)
+	if err != nil {
+		if session.AsError(err).Code == session.CodeInternal {
+			c.s.log.Error("session command", "session", string(c.id), "op", string(cmd.Op), "err", err)
+		}
+		c.reply(errorFrame(err, cid))
+		return
+	}
+	if cmd.Op == session.OpPrompt {
+		ack, _ := json.Marshal(session.AckFrame{Type: session.FrameAck, ClientID: f.ClientID, Seq: reply.Seq})
+		c.reply(ack)
+	}
+}
+
+// reply queues a frame for the writer.
+func (c *wsConn) reply(frame []byte) {
+	if !c.w.q.push(out{frame: frame}) && c.w.q.finish(ending{code: session.CloseSlowConsumer, reason: reasonSlowConsumer}) {
+		c.s.metrics.slow.Inc()
+	}
+}
+
+// clientID returns a client_id fit to echo back.
+func clientID(id string) string {
+	if len(id) > session.MaxClientIDBytes {
+		return ""
+	}
+	return id
+}
+
+func validatePrompt(text, clientID string) error {
+	switch {
+	case text == "":
+		return session.Errorf(session.CodeBadRequest, "prompt text must not be empty")
+	case len(text) > session.MaxTextBytes:
+		return session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)
+	case len(clientID) > session.MaxClientIDBytes:
+		return session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)
+	}
+	return nil
+}
+
+func errorFrame(err error, clientID string) []byte {
+	e := session.AsError(err)
+	if errors.Is(err, errNotActive) {
+		e = errNotFound
+	}
+	b, _ := json.Marshal(session.ErrorFrame{Type: session.FrameError, Code: e.Code, Message: e.Message, ClientID: clientID})
+	return b
+}
+
+// headerTokens returns the comma-separated tokens of a header.
+func headerTokens(r *http.Request, key string) []string {
+	var out []string
+	for _, v := range r.Header.Values(key) {
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
