@@ -293,10 +293,10 @@ func testSignalReachesChildren(t *testing.T, p compute.Provider) {
 	const script = `
 got=
 trap 'echo parent got TERM; got=1' TERM
-sh -c 'trap "echo child got TERM; exit 0" TERM; echo child ready; while :; do sleep 1; done' &
+sh -c 'trap "echo child got TERM; exit 0" TERM; echo child ready; while :; do sleep 0.2; done' &
 c=$!
 echo parent ready
-while [ -z "$got" ]; do sleep 1; done
+while [ -z "$got" ]; do sleep 0.2; done
 wait $c
 echo parent done`
 	pr := Start(t, sb, compute.ExecRequest{Argv: []string{"/bin/sh", "-c", script}})

@@ -396,7 +396,15 @@ func (cs *cgroups) createSession(name string, memory int64, pids int) (cgroup, e
 		return cgroup{}, err
 	}
 	cg := cs.parent.child(name)
-	if err := cg.create(); err != nil {
+	err := cg.create()
+	if errors.Is(err, fs.ErrNotExist) {
+		// Another provider's Close removed the parent meanwhile.
+		if err := cs.ensureParent(); err != nil {
+			return cgroup{}, err
+		}
+		err = cg.create()
+	}
+	if err != nil {
 		return cgroup{}, err
 	}
 	if cs.v2root != "" {

@@ -69,9 +69,16 @@
 // caller reads is slowed down by the pipe. Signal delivers a signal to every
 // process of the command but bubblewrap's own two (its monitor and the
 // sandbox's init), so a harness can trap SIGTERM and clean up; SIGKILL kills
-// them all and returns once none is left. When the harness exits, the
-// sandbox's pid namespace ends, killing anything it left running (in unsafe
-// mode the provider kills what is left of its cgroup or process group).
+// them all and returns once none is left.
+//
+// When the harness exits, bubblewrap's monitor exits and the sandbox's pid
+// namespace ends, killing anything the harness left running (in unsafe mode
+// the provider kills what is left of its cgroup or process group). The
+// monitor does not reap the sandbox's init. When atrium runs as root the
+// monitor is itself the init of a pid namespace of its own, so the sandbox's
+// init dies and is reaped with it; otherwise the host's init reaps it, and
+// atrium must not run as pid 1 of a container without an init (use docker
+// run --init).
 //
 // bubblewrap reports a command killed by signal N as exit status 128+N, as
 // shells do; the provider decodes that into compute.Exit.Signal.

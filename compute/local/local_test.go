@@ -210,6 +210,21 @@ func TestSandbox_Isolation(t *testing.T) {
 	})
 }
 
+func TestSandbox_SharedNetwork(t *testing.T) {
+	p := newTestProvider(t, Config{})
+	sb := computetest.Open(t, p, compute.Spec{Network: true})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	got := computetest.Sh(t, sb, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+"' && echo connected || echo refused").Stdout
+	if got != "connected\n" {
+		t.Errorf("with Network the sandbox cannot reach the host: %q", got)
+	}
+}
+
 func TestSandbox_WorkspaceFiles(t *testing.T) {
 	dir := t.TempDir()
 	id := session.NewID()
@@ -462,5 +477,31 @@ func TestWrapper(t *testing.T) {
 	want := []string{"sh", "-c", `{ echo $$ > '/sys/fs/cgroup/pids/it'\''s/cgroup.procs'; } || { echo 'atrium: cannot enter the sandbox cgroup' >&2; exit 125; }; exec "$@"`, "sh", "prog", "arg"}
 	if !slices.Equal(got, want) {
 		t.Errorf("wrapper =\n%q\nwant\n%q", got, want)
+	}
+}
+
+// BenchmarkSandbox_Exec measures starting a command, running it to the end
+// and cleaning up: the fixed cost of a turn.
+func BenchmarkSandbox_Exec(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{{"Sandboxed", Config{}}, {"Unsafe", Config{Unsafe: true}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			p := newTestProvider(b, tc.cfg)
+			sb := computetest.Open(b, p, compute.Spec{})
+			for b.Loop() {
+				pr, err := sb.Exec(context.Background(), compute.ExecRequest{Argv: []string{"true"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				pr.Stdin().Close()
+				io.Copy(io.Discard, pr.Stdout())
+				io.Copy(io.Discard, pr.Stderr())
+				if exit, err := pr.Wait(); err != nil || exit.Code != 0 {
+					b.Fatalf("%+v, %v", exit, err)
+				}
+			}
+		})
 	}
 }

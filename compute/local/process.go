@@ -160,7 +160,9 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 	}
 	if sent == 0 && pr.sandboxed && !pr.exited {
 		// bubblewrap is still building the sandbox: stopping it stops
-		// the command before it starts.
+		// the command before it starts. (As init of its own pid
+		// namespace it ignores signals it has no handler for; the
+		// caller's SIGKILL then ends it.)
 		if err := kill(pr.pid, sig); err != nil {
 			return fmt.Errorf("signal command: %w", err)
 		}
@@ -256,9 +258,6 @@ func (pr *Process) wait() {
 	log.Debug("command finished", "session", string(pr.m.id), "pid", pr.pid, "detail", exit.Detail)
 	if exit.OOM {
 		log.Info("command ran out of memory", "session", string(pr.m.id), "limit_bytes", pr.memory)
-	}
-	if err != nil {
-		log.Warn("command cleanup", "session", string(pr.m.id), "err", err.Error())
 	}
 	close(pr.done)
 }
