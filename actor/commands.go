@@ -40,11 +40,8 @@ func (r *recentPrompts) add(key string, p *recentPrompt) {
 	r.byKey[key] = p
 	r.order = append(r.order, key)
 	if len(r.order) > recentWindow {
-		old := r.order[0]
+		delete(r.byKey, r.order[0])
 		r.order = r.order[1:]
-		if r.byKey[old] != nil && r.byKey[old].durable {
-			delete(r.byKey, old)
-		}
 	}
 }
 
@@ -59,6 +56,9 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 		return
 	case phaseDeleting, phasePassivating:
 		respond(m.msg, errorReply(session.Errorf(session.CodeNotFound, "session not found")))
+		return
+	case phaseClosing: // Not reachable: the subscription is drained first.
+		respond(m.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session is going to sleep; retry")))
 		return
 	}
 	var c session.Command

@@ -172,6 +172,15 @@ func TestHost_Cancel(t *testing.T) {
 			}
 		})
 	}
+	t.Run("timeout", func(t *testing.T) {
+		e := newEnv(t, withGrace(100*time.Millisecond), func(c *Config) { c.TurnTimeout = 300 * time.Millisecond })
+		id := e.create("alice", shell())
+		w := e.watch(id)
+		e.prompt(id, "alice", "trap '' TERM; while :; do sleep 0.05; done")
+		if fin := data[session.TurnFinishedData](t, w.until("turn_finished", finished(1))); fin.Status != session.TurnTimeout {
+			t.Errorf("status = %s, want timeout", fin.Status)
+		}
+	})
 	// The session keeps working.
 	e.prompt(id, "alice", "echo still-here")
 	w.until("turn 3", finished(3))

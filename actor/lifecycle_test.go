@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -326,5 +327,36 @@ func TestHost_CloseCancelsTurns(t *testing.T) {
 	c, _ := e.catalog(id)
 	if c.State != session.StateHibernated || c.LastSeq != evs[n-1].Seq {
 		t.Errorf("catalog after close = %+v", c)
+	}
+}
+
+// TestHost_ActivateWhileStopping places a session right when it is going to
+// sleep (its catalog entry turns hibernated just before the actor stops):
+// the request must wait for the old actor and reach a new one.
+func TestHost_ActivateWhileStopping(t *testing.T) {
+	e := newEnv(t, withHibernate(time.Millisecond))
+	id := e.create("alice", command("true"))
+	var rev uint64
+	for i := range 30 {
+		eventually(t, "hibernated", func() bool {
+			ent, err := e.kv.Get(context.Background(), string(id))
+			if err != nil || ent.Revision() <= rev {
+				return false
+			}
+			var c session.CatalogEntry
+			json.Unmarshal(ent.Value(), &c)
+			if c.State == session.StateHibernated {
+				rev = ent.Revision()
+				return true
+			}
+			return false
+		})
+		rep, err := e.tryCmd(id, "alice", session.Command{Op: session.OpPrompt, Text: "wake"})
+		if err != nil {
+			t.Fatalf("activation %d: %v", i, err)
+		}
+		if rep.Error != nil {
+			t.Fatalf("activation %d: %v", i, rep.Error)
+		}
 	}
 }

@@ -59,11 +59,12 @@ func (*selfMsg) NotInfluenceReceiveTimeout() {}
 
 // Messages inside selfMsg.
 type (
-	opened     struct{} // the result is in sessionActor.handoff
-	subscribed struct{} // likewise
-	cmdDrained struct{ sub *nats.Subscription }
-	closedMsg  struct{}
-	deletedMsg struct{}
+	opened      struct{} // the result is in sessionActor.handoff
+	subscribed  struct{} // likewise
+	cmdDrained  struct{ sub *nats.Subscription }
+	idleTimeout struct{ gen uint64 }
+	closedMsg   struct{}
+	deletedMsg  struct{}
 )
 
 // handoff carries what an opening or subscribing goroutine produced to the
@@ -105,6 +106,10 @@ type sessionActor struct {
 	early    []*cmdMsg   // commands that arrived before the history was open
 	current  *nats.Msg   // the command being handled, answered if it panics
 	shutting bool
+
+	idleTimer *time.Timer // runs while idle; fires idleTimeout
+	idleGen   uint64      // generation of idleTimer; stale ticks are ignored
+	touched   bool        // a request arrived in this Receive
 
 	hist      History
 	sub       *nats.Subscription
@@ -161,11 +166,11 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 		return
 	case *proto.Stopped:
 		return
-	case *proto.ReceiveTimeout:
-		s.onIdle(ctx)
 	case *placeMsg:
+		s.touched = true
 		s.onPlace(ctx, m)
 	case *cmdMsg:
+		s.touched = true
 		s.onCmd(m)
 	case *shutdownSession:
 		s.onShutdown(ctx)
@@ -179,11 +184,16 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 	s.flush()
 	s.maybeShutdown()
 	s.tryFinishDelete()
-	s.armTimeout(ctx)
+	s.armIdle()
 }
 
 func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	switch m := m.(type) {
+	case *idleTimeout:
+		if m.gen == s.idleGen && s.idleTimer != nil {
+			s.idleTimer = nil
+			s.onIdle(ctx)
+		}
 	case *opened:
 		s.onOpened(ctx)
 	case *subscribed:
@@ -230,12 +240,29 @@ func (s *sessionActor) spawn(f func()) {
 	}()
 }
 
-// armTimeout runs the hibernation timer while the session is idle.
-func (s *sessionActor) armTimeout(ctx proto.Context) {
+// armIdle runs the hibernation timer while the session is idle, restarting
+// it after each request. (protoactor's SetReceiveTimeout does this too, but
+// its timer callback races with the actor on the context's fields.)
+func (s *sessionActor) armIdle() {
+	touched := s.touched
+	s.touched = false
 	if (s.phase == phaseActive && s.idle()) || s.phase == phaseNew {
-		ctx.SetReceiveTimeout(s.h.cfg.HibernateAfter)
-	} else {
-		ctx.CancelReceiveTimeout()
+		if s.idleTimer != nil && !touched {
+			return
+		}
+		s.stopIdle()
+		s.idleGen++
+		gen := s.idleGen
+		s.idleTimer = time.AfterFunc(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
+		return
+	}
+	s.stopIdle()
+}
+
+func (s *sessionActor) stopIdle() {
+	if s.idleTimer != nil {
+		s.idleTimer.Stop()
+		s.idleTimer = nil
 	}
 }
 
@@ -641,10 +668,9 @@ func (s *sessionActor) onShutdown(ctx proto.Context) {
 	case phaseNew:
 		s.phase = phasePassivating
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
-	case phaseActive:
-		if s.runner != nil {
-			s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
-		}
+	}
+	if s.runner != nil {
+		s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
 	}
 }
 
@@ -661,6 +687,7 @@ func (s *sessionActor) maybeShutdown() {
 // goroutines, which all end promptly once the runner is killed and the
 // committer's queue is closed.
 func (s *sessionActor) teardownNow(why string) {
+	s.stopIdle()
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 		s.sub = nil

@@ -206,14 +206,18 @@ func (r *runner) exec() *turnExited {
 		case p, ok := <-outC:
 			if !ok {
 				outC = nil
-				r.emitTexts("stdout", r.out.end())
+				if texts := r.out.end(); !r.discard {
+					r.emitTexts("stdout", texts)
+				}
 				continue
 			}
 			r.onStdout(p)
 		case b, ok := <-errC:
 			if !ok {
 				errC = nil
-				r.emitTexts("stderr", r.errs.end())
+				if texts := r.errs.end(); !r.discard {
+					r.emitTexts("stderr", texts)
+				}
 				continue
 			}
 			r.onStderr(b)
