@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/coder/websocket"
@@ -12,6 +13,16 @@ import (
 // historyPageLimit bounds the events of one history request; MaxBytes keeps
 // its reply under NATS's max payload.
 const historyPageLimit = 1000
+
+// History reads are retried after historyBackoff, doubling each time: up to
+// maxHistoryRetries times when the node refuses them with too_many_requests,
+// and up to maxLagRetries times when its history lags behind the live events
+// (about 150 ms in all).
+const (
+	historyBackoff    = 10 * time.Millisecond
+	maxHistoryRetries = 8
+	maxLagRetries     = 4
+)
 
 // sink is where a feed writes: a WebSocket or an SSE stream. Its errors are
 // write failures: the client is gone or too slow, and nothing more can be
@@ -46,40 +57,78 @@ type feed struct {
 	id     session.ID
 	w      *watcher
 	frames bool // history events need WebSocket frames
-	// activate lets history requests activate the session; false until the
-	// session is known to exist (it may be missing from the catalog).
-	activate bool
+	// access is what the catalog said; until the owner has answered once,
+	// history requests activate the session only if it allowed the caller.
+	access   access
+	answered bool
 	limit    int         // events per history request; default historyPageLimit
 	last     session.Seq // seq of the last event written (or the resume point)
 }
 
 func (f *feed) page(ctx context.Context, after session.Seq) (*session.Reply, error) {
-	reply, err := f.s.call(ctx, f.p, f.id, session.Command{
+	cmd := session.Command{
 		Op: session.OpHistory, After: after, Limit: cmp.Or(f.limit, historyPageLimit), MaxBytes: session.DefaultHistoryMaxBytes,
-	}, f.activate)
+	}
+	reply, err := f.s.call(ctx, f.p, f.id, cmd, f.answered || f.access.allowed())
+	// A node sheds history reads when many watchers resume at once; they
+	// are cheap to retry after a short, growing pause.
+	for try := 0; errors.Is(err, session.ErrTooManyRequests) && try < maxHistoryRetries; try++ {
+		if err := pause(ctx, try); err != nil {
+			return nil, err
+		}
+		reply, err = f.s.call(ctx, f.p, f.id, cmd, true)
+	}
 	if errors.Is(err, errNotActive) {
-		return nil, errNotFound
+		return nil, f.access.notActive()
 	}
 	if err != nil {
 		return nil, err
 	}
-	f.activate = true
+	f.answered = true
 	return reply, nil
 }
 
 // open reads the first page of history after the resume point. The watcher
 // must have joined the topic. It fails with bad_request if after is beyond
 // the session's last seq.
+//
+// A client may resume from an event it saw live an instant ago, and a node
+// may publish an event a moment before its history reads count it. So an
+// "after beyond the last seq" answer is retried for a moment before it is
+// taken for the client's mistake.
 func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, error) {
-	reply, err := f.page(ctx, after)
-	if err != nil {
-		return nil, err
+	for try := 0; ; try++ {
+		reply, err := f.page(ctx, after)
+		beyond := err == nil && after > reply.LastSeq
+		if beyond {
+			err = session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
+		}
+		if beyond || errors.Is(err, session.ErrBadRequest) && after > 0 {
+			if try < maxLagRetries {
+				if err := pause(ctx, try); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		f.last = after
+		return reply, nil
 	}
-	if after > reply.LastSeq {
-		return nil, session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
+}
+
+// pause waits before retry number try: historyBackoff, doubling each time.
+func pause(ctx context.Context, try int) error {
+	t := time.NewTimer(historyBackoff << try)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
-	f.last = after
-	return reply, nil
 }
 
 // replay writes the first page and the rest of history.
@@ -175,7 +224,7 @@ func (f *feed) live(ctx context.Context, ev *event, out sink) error {
 // catchUp writes history after f.last until it has written upTo, or, when
 // upTo is negative, until the owner has nothing more.
 func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
-	for upTo < 0 || f.last < upTo {
+	for try := 0; upTo < 0 || f.last < upTo; {
 		reply, err := f.page(ctx, f.last)
 		if err != nil {
 			return err
@@ -183,9 +232,18 @@ func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
 		if err := f.emitPage(reply, out); err != nil {
 			return err
 		}
-		if !reply.More || len(reply.Events) == 0 {
+		if reply.More && len(reply.Events) > 0 {
+			continue
+		}
+		// The owner has nothing more. A live event beyond its history was
+		// published a moment before the owner counted it: ask again.
+		if upTo < 0 || f.last >= upTo || try == maxLagRetries {
 			break
 		}
+		if err := pause(ctx, try); err != nil {
+			return err
+		}
+		try++
 	}
 	if upTo >= 0 && f.last < upTo {
 		return session.Errorf(session.CodeInternal, "history of session %s ends at %d, before live event %d", f.id, f.last, upTo+1)

@@ -295,9 +295,9 @@ func (s *Server) maintain() {
 				pending = true
 				debounce.Reset(presenceDebounce)
 			}
-		case <-debounce.C:
+		case now := <-debounce.C:
 			pending = false
-			s.hub.flushPresence()
+			s.hub.flushPresence(now)
 		case now := <-presence.C:
 			s.hub.refreshPresence(now)
 		case <-heartbeat.C:

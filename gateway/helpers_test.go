@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,6 +58,14 @@ func connectNATS(t testing.TB, ns *server.Server) *nats.Conn {
 	return nc
 }
 
+// testLogger discards logs unless GATEWAY_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("GATEWAY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
 // env is a gateway behind an httptest server, with a fake node, on one
 // embedded NATS server.
 type env struct {
@@ -79,7 +89,7 @@ func newEnv(t testing.TB, tune ...func(*gateway.Config)) *env {
 func startGateway(t testing.TB, ns *server.Server, tune ...func(*gateway.Config)) (*gateway.Server, *httptest.Server, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := gateway.Config{NATS: connectNATS(t, ns), Auth: &auth.Dev{}, Registry: reg}
+	cfg := gateway.Config{NATS: connectNATS(t, ns), Auth: &auth.Dev{}, Registry: reg, Logger: testLogger()}
 	for _, f := range tune {
 		f(&cfg)
 	}
@@ -322,11 +332,12 @@ func (w *wsClient) find(typ string) map[string]any {
 	}
 }
 
-// ackAndEvent reads a prompt's ack and its message event, which may come
-// in either order (the node publishes the event before it replies).
-func (w *wsClient) ackAndEvent() (ack map[string]any, ev []byte) {
+// ackAndEvents reads until it has a prompt's ack and at least one event
+// (the node publishes the message event before it replies, and more may
+// follow), and returns both.
+func (w *wsClient) ackAndEvents() (ack map[string]any, evs [][]byte) {
 	w.t.Helper()
-	for ack == nil || ev == nil {
+	for ack == nil || len(evs) == 0 {
 		raw := w.nextRaw()
 		var f map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &f); err != nil {
@@ -336,16 +347,24 @@ func (w *wsClient) ackAndEvent() (ack map[string]any, ev []byte) {
 		case `"ack"`:
 			_ = json.Unmarshal(raw, &ack)
 		case `"event"`:
-			if ev != nil {
-				w.t.Fatalf("second event before the ack: %s", raw)
-			}
-			ev = f["event"]
+			evs = append(evs, f["event"])
 		case `"presence"`:
 		default:
 			w.t.Fatalf("want an ack or event, got %s", raw)
 		}
 	}
-	return ack, ev
+	return ack, evs
+}
+
+// ackAndEvent is ackAndEvents for the fake node, which publishes exactly one
+// event per prompt.
+func (w *wsClient) ackAndEvent() (map[string]any, []byte) {
+	w.t.Helper()
+	ack, evs := w.ackAndEvents()
+	if len(evs) != 1 {
+		w.t.Fatalf("want one event with the ack, got %d", len(evs))
+	}
+	return ack, evs[0]
 }
 
 // events reads n event frames (skipping presence) and returns the raw

@@ -76,6 +76,8 @@ type topic struct {
 	remote   map[string]remotePresence // guarded by mu: other gateways' watchers
 	presence []byte                    // guarded by mu: the last presence frame sent
 	publish  bool                      // guarded by mu: our list must be published at the next flush
+	// nextFlush is the earliest time of the next presence flush.
+	nextFlush time.Time // guarded by mu
 }
 
 type remotePresence struct {
@@ -176,14 +178,24 @@ func (h *hub) markDirty(t *topic) {
 }
 
 // flushPresence publishes the lists of this gateway's watchers that changed
-// and sends presence frames where the merged list changed.
-func (h *hub) flushPresence() {
+// and sends presence frames where the merged list changed. A frame costs its
+// size times the watchers it goes to, so a busy topic is flushed less often
+// (presenceSpacing); a topic not due yet is marked dirty again, which arms
+// the next flush.
+func (h *hub) flushPresence(now time.Time) {
 	h.mu.Lock()
 	dirty := h.dirty
 	h.dirty = make(map[*topic]struct{})
 	h.mu.Unlock()
+	var later []*topic
 	for t := range dirty {
 		t.mu.Lock()
+		if now.Before(t.nextFlush) {
+			t.mu.Unlock()
+			later = append(later, t)
+			continue
+		}
+		t.nextFlush = now.Add(h.s.presenceSpacing(len(t.watchers)))
 		var msg []byte
 		if t.publish {
 			t.publish = false
@@ -195,6 +207,16 @@ func (h *hub) flushPresence() {
 			h.s.publishPresence(t.id, msg)
 		}
 	}
+	for _, t := range later {
+		h.markDirty(t)
+	}
+}
+
+// presenceSpacing is the least time between two presence flushes of a topic
+// with n local watchers: presenceDebounce per ten watchers, at most the
+// presence interval.
+func (s *Server) presenceSpacing(n int) time.Duration {
+	return min(presenceDebounce*time.Duration(max(1, n/10)), s.presenceEvery)
 }
 
 func (h *hub) unsubscribeLocked(t *topic) {

@@ -110,37 +110,57 @@ func (s *Server) place(ctx context.Context, p session.Principal, req session.Pla
 	return reply, natsError(err)
 }
 
-// do checks from the catalog that p may perform act on id, then sends cmd to
-// the session's actor, activating it if needed. The actor checks again; the
-// catalog check only answers not_found and forbidden quickly. A session the
-// catalog does not know yet is asked without activation (an active actor is
-// authoritative; a hibernated session is always in the catalog).
+// access is what the catalog says about a caller and a session. The node
+// writes the catalog after the fact, so the catalog may lag behind a session
+// that was just created or a member just added: a denial is final only when
+// the session is not active. An active actor is asked instead, and it is
+// authoritative.
+type access struct {
+	entry *session.CatalogEntry // nil: not in the catalog
+	deny  error                 // not_found or forbidden; nil: the catalog allows
+}
+
+// allowed reports whether the catalog lets the caller in; only then may a
+// command activate a hibernated session.
+func (a access) allowed() bool { return a.entry != nil && a.deny == nil }
+
+// notActive is the answer when the actor is not active and the catalog did
+// not allow the caller.
+func (a access) notActive() error {
+	if a.deny != nil {
+		return a.deny
+	}
+	return errNotFound
+}
+
+// check reads id's catalog entry and checks that p may perform act on it.
+// Its error is a catalog failure or not_found for a malformed id.
+func (s *Server) check(ctx context.Context, p session.Principal, id session.ID, act session.Action) (access, error) {
+	if id.Validate() != nil {
+		return access{}, errNotFound
+	}
+	entry, err := s.catalogGet(ctx, id)
+	if err != nil {
+		return access{}, err
+	}
+	if entry == nil {
+		return access{deny: errNotFound}, nil
+	}
+	return access{entry: entry, deny: session.Authorize(roleIn(entry, p), act)}, nil
+}
+
+// do checks p may perform act on id, then sends cmd to the session's actor,
+// activating it if the catalog allowed p (see access).
 func (s *Server) do(ctx context.Context, p session.Principal, id session.ID, act session.Action, cmd session.Command) (*session.Reply, error) {
-	entry, err := s.authorize(ctx, p, id, act)
+	a, err := s.check(ctx, p, id, act)
 	if err != nil {
 		return nil, err
 	}
-	reply, err := s.call(ctx, p, id, cmd, entry != nil)
+	reply, err := s.call(ctx, p, id, cmd, a.allowed())
 	if errors.Is(err, errNotActive) {
-		return nil, errNotFound
+		return nil, a.notActive()
 	}
 	return reply, err
-}
-
-// authorize returns id's catalog entry after checking p may perform act on
-// it. It returns nil and no error when the catalog does not have id.
-func (s *Server) authorize(ctx context.Context, p session.Principal, id session.ID, act session.Action) (*session.CatalogEntry, error) {
-	if id.Validate() != nil {
-		return nil, errNotFound
-	}
-	entry, err := s.catalogGet(ctx, id)
-	if err != nil || entry == nil {
-		return nil, err
-	}
-	if err := session.Authorize(roleIn(entry, p), act); err != nil {
-		return nil, err
-	}
-	return entry, nil
 }
 
 // roleIn returns p's role on a catalogued session; none across tenants.

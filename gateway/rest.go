@@ -81,18 +81,18 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p session.
 // a hibernated one is answered from the catalog and stays asleep.
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	a, err := s.check(r.Context(), p, id, session.ActRead)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	reply, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, false)
 	switch {
-	case errors.Is(err, errNotActive) && entry == nil:
-		s.fail(w, r, errNotFound)
+	case errors.Is(err, errNotActive) && !a.allowed():
+		s.fail(w, r, a.notActive())
 	case errors.Is(err, errNotActive):
-		sess := entry.SessionFor(p.User)
-		sess.Role = roleIn(entry, p)
+		sess := a.entry.SessionFor(p.User)
+		sess.Role = roleIn(a.entry, p)
 		sess.State = session.StateHibernated
 		writeJSON(w, http.StatusOK, sess)
 	case err != nil:
@@ -240,12 +240,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, p session.Princi
 		}
 		limit = n
 	}
-	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	a, err := s.check(r.Context(), p, id, session.ActRead)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	f := &feed{s: s, p: p, id: id, activate: entry != nil, limit: limit}
+	f := &feed{s: s, p: p, id: id, access: a, limit: limit}
 	reply, err := f.open(r.Context(), after)
 	if err != nil {
 		s.fail(w, r, err)

@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/atriumhq/atrium/gateway"
 	"github.com/atriumhq/atrium/session"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
@@ -332,7 +334,8 @@ func TestGateway_REST(t *testing.T) {
 
 func TestGateway_NoNode(t *testing.T) {
 	ns := startNATS(t)
-	_, srv, _ := startGateway(t, ns)
+	var nc *nats.Conn
+	_, srv, _ := startGateway(t, ns, func(c *gateway.Config) { nc = c.NATS })
 	code, body := callURL(t, srv.URL, "POST", "/v1/sessions", "alice", `{}`, nil)
 	if code != http.StatusServiceUnavailable || errCode(t, body) != session.CodeUnavailable {
 		t.Fatalf("create with no node: %d %s", code, body)
@@ -340,5 +343,13 @@ func TestGateway_NoNode(t *testing.T) {
 	code, body = callURL(t, srv.URL, "GET", "/v1/sessions", "alice", nil, nil)
 	if code != 200 || string(body) != "{\"sessions\":[]}\n" {
 		t.Fatalf("list with an empty catalog: %d %s", code, body)
+	}
+	nc.Close()
+	code, body = callURL(t, srv.URL, "GET", "/readyz", "", nil, nil)
+	if code != http.StatusServiceUnavailable || errCode(t, body) != session.CodeUnavailable {
+		t.Fatalf("readyz without NATS: %d %s", code, body)
+	}
+	if code, _ := callURL(t, srv.URL, "GET", "/healthz", "", nil, nil); code != 200 {
+		t.Fatalf("healthz without NATS: %d", code)
 	}
 }

@@ -25,7 +25,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 		s.fail(w, r, err)
 		return
 	}
-	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	a, err := s.check(r.Context(), p, id, session.ActRead)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -43,8 +43,8 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 	defer stop()
 
 	wt := s.newWatcher(p.User, true)
-	if entry != nil {
-		wt.setRole(roleIn(entry, p))
+	if a.allowed() {
+		wt.setRole(roleIn(a.entry, p))
 	}
 	t, err := s.hub.join(ctx, id, wt)
 	if err != nil {
@@ -52,7 +52,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 		return
 	}
 	defer s.hub.leave(t, wt)
-	f := &feed{s: s, p: p, id: id, w: wt, activate: entry != nil}
+	f := &feed{s: s, p: p, id: id, w: wt, access: a}
 	first, err := f.open(ctx, after)
 	if err != nil {
 		s.fail(w, r, err)
@@ -67,6 +67,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	out := &sseSink{w: w, rc: http.NewResponseController(w), timeout: s.writeTimeout}
+	defer func() { _ = out.rc.SetWriteDeadline(time.Time{}) }() // the connection may serve more requests.
 	if err := out.flush(); err != nil {
 		return
 	}

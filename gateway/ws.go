@@ -16,14 +16,13 @@ import (
 // client frames; its writer goroutine owns every write and is the only user
 // of its feed.
 type wsConn struct {
-	s  *Server
-	ws *websocket.Conn
-	p  session.Principal
-	id session.ID
-	w  *watcher
-	// after is the resume point; known says the catalog has the session.
-	after session.Seq
-	known bool
+	s      *Server
+	ws     *websocket.Conn
+	p      session.Principal
+	id     session.ID
+	w      *watcher
+	after  session.Seq // the resume point
+	access access
 }
 
 // serveWS serves GET /v1/sessions/{id}/ws?after=N.
@@ -34,18 +33,18 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 		s.fail(w, r, err)
 		return
 	}
-	entry, err := s.authorize(r.Context(), p, id, session.ActRead)
+	a, err := s.check(r.Context(), p, id, session.ActRead)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if entry == nil {
-		// Not in the catalog (yet): only an active actor can vouch for it.
-		// Ask it now, so an unknown session is a 404 rather than a socket
-		// that closes at once.
+	if !a.allowed() {
+		// The catalog does not (yet) let the caller in: only an active
+		// actor can. Ask it now, so a session the caller may not see is a
+		// 404 rather than a socket that closes at once.
 		if _, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, false); err != nil {
 			if errors.Is(err, errNotActive) {
-				err = errNotFound
+				err = a.notActive()
 			}
 			s.fail(w, r, err)
 			return
@@ -76,9 +75,9 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	}
 	ws.SetReadLimit(session.MaxFrameBytes) // a bigger frame closes with 1009.
 
-	c := &wsConn{s: s, ws: ws, p: p, id: id, w: s.newWatcher(p.User, false), after: after, known: entry != nil}
-	if entry != nil {
-		c.w.setRole(roleIn(entry, p))
+	c := &wsConn{s: s, ws: ws, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a}
+	if a.allowed() {
+		c.w.setRole(roleIn(a.entry, p))
 	}
 	s.metrics.conns.WithLabelValues("ws").Inc()
 
@@ -114,7 +113,7 @@ func (c *wsConn) write() {
 
 func (c *wsConn) run() (ending, error) {
 	ctx := c.s.ctx
-	f := &feed{s: c.s, p: c.p, id: c.id, w: c.w, frames: true, activate: c.known}
+	f := &feed{s: c.s, p: c.p, id: c.id, w: c.w, frames: true, access: c.access}
 	t, err := c.s.hub.join(ctx, c.id, c.w)
 	if err != nil {
 		return f.failed(err)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/atriumhq/atrium/gateway"
 	"github.com/atriumhq/atrium/session"
@@ -399,6 +400,44 @@ func TestWS_Presence(t *testing.T) {
 	_ = b.c.Close(websocket.StatusNormalClosure, "")
 	waitFor(a, "alice", "carol")
 	waitFor(c, "alice", "carol")
+}
+
+// TestWS_PresenceExpires: another gateway's list counts until it is not
+// refreshed within the TTL.
+func TestWS_PresenceExpires(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.PresenceInterval = 20 * time.Millisecond
+		c.PresenceTTL = 100 * time.Millisecond
+	})
+	s := e.create("alice", "ghosts")
+	a := e.dial(s.ID, "alice", 0)
+	waitUsers := func(want ...string) {
+		t.Helper()
+		for {
+			f := a.next()
+			if f["type"] != session.FramePresence {
+				continue
+			}
+			var got []string
+			for _, w := range f["watchers"].([]any) {
+				got = append(got, w.(map[string]any)["user"].(string))
+			}
+			slices.Sort(got)
+			if slices.Equal(got, want) {
+				return
+			}
+		}
+	}
+	waitUsers("alice")
+	ghost, _ := json.Marshal(session.PresenceMessage{Gateway: "gw_ghost", Watchers: []session.Watcher{
+		{User: "ghost", Conn: "c_ghost", Since: session.Time{Time: time.Now()}},
+	}})
+	nc := connectNATS(t, e.ns)
+	if err := nc.Publish(session.Subjects{}.Presence(s.ID), ghost); err != nil {
+		t.Fatal(err)
+	}
+	waitUsers("alice", "ghost")
+	waitUsers("alice") // the ghost gateway never refreshes its list.
 }
 
 func TestWS_SessionDeleted(t *testing.T) {
