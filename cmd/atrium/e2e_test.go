@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -327,12 +328,12 @@ func (a api) waitTurn(id session.ID, n int64) e2eEvent {
 	})
 }
 
-// stdoutOf joins the stdout text of turn n, one line per output event.
+// stdoutOf concatenates the stdout text of turn n.
 func stdoutOf(evs []e2eEvent, n int64) string {
 	var b strings.Builder
 	for _, ev := range evs {
 		if ev.Kind == session.KindOutput && ev.turn() == n && ev.field("stream") == "stdout" {
-			b.WriteString(strings.TrimSuffix(ev.field("text"), "\n") + "\n")
+			b.WriteString(ev.field("text"))
 		}
 	}
 	return b.String()
@@ -469,4 +470,230 @@ func waitNoProcessWith(t testing.TB, marker string) {
 // machine has in its command line: a very long duration, unique to this test.
 func uniqueSleep(n int) string {
 	return fmt.Sprintf("7%07d.%d", os.Getpid(), n)
+}
+
+// cliResult is what a CLI command did.
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs the atrium binary as a client of p with ATRIUM_TOKEN=dev:user, the
+// way the README's tour does.
+func (p *devProc) cli(user string, args ...string) cliResult {
+	p.t.Helper()
+	cmd := p.clientCmd(user, args...)
+	var out, errb syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	res := cliResult{stdout: out.String(), stderr: errb.String()}
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			p.t.Fatalf("atrium %v: %v", args, err)
+		}
+		res.code = ee.ExitCode()
+	}
+	return res
+}
+
+func (p *devProc) clientCmd(user string, args ...string) *exec.Cmd {
+	// The context is a hang detector: no command of the tour takes this long.
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	p.t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, atriumBinary(p.t), args...)
+	cmd.Env = append(os.Environ(), "ATRIUM_SERVER="+p.url, "ATRIUM_TOKEN=dev:"+user)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// ok runs a CLI command that must succeed and returns its stdout.
+func (p *devProc) ok(user string, args ...string) string {
+	p.t.Helper()
+	r := p.cli(user, args...)
+	if r.code != 0 {
+		p.t.Fatalf("atrium %s as %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), user, r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// TestREADME_Tour runs the README's five-minute tour against a real `atrium
+// dev`: the same CLI commands and curl requests, checking what the README
+// says they do.
+func TestREADME_Tour(t *testing.T) {
+	t.Parallel()
+	p := startDev(t, t.TempDir())
+	alice := api{t: t, base: p.url, user: "alice"}
+
+	// ID=$(./bin/atrium new --title demo)
+	id := session.ID(strings.TrimSpace(p.ok("alice", "new", "--title", "demo")))
+	if err := id.Validate(); err != nil {
+		t.Fatalf("atrium new printed %q, not a session id: %v", id, err)
+	}
+	var s session.Session
+	alice.must(http.StatusOK, "GET", "/v1/sessions/"+string(id), nil, &s)
+	if s.Title != "demo" || s.Owner != "alice" || s.Role != session.RoleOwner {
+		t.Fatalf("session %+v: want title demo, owner alice", s)
+	}
+
+	// ./bin/atrium send "$ID" 'echo hello from $(hostname); uname -r' --wait
+	uname, err := exec.Command("uname", "-r").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := p.ok("alice", "send", string(id), "echo hello from $(hostname); uname -r", "--wait")
+	if !strings.Contains(out, "hello from ") || !strings.Contains(out, strings.TrimSpace(string(uname))) {
+		t.Fatalf("send --wait printed %q, want the command's output", out)
+	}
+	// ./bin/atrium send "$ID" 'echo data > notes.txt; ls -l' --wait   # /workspace persists across turns
+	if out := p.ok("alice", "send", string(id), "echo data > notes.txt; ls -l", "--wait"); !strings.Contains(out, "notes.txt") {
+		t.Fatalf("send --wait printed %q, want ls -l listing notes.txt", out)
+	}
+	if out := p.ok("alice", "send", string(id), "cat notes.txt", "--wait"); out != "data\n" {
+		t.Fatalf("the next turn reads notes.txt as %q: /workspace did not persist", out)
+	}
+	if r := p.cli("alice", "send", string(id), "exit 7", "--wait"); r.code != 1 || !strings.Contains(r.stderr, "7") {
+		t.Fatalf("send --wait of a failing command: exit %d stderr %q, want 1 and the exit code", r.code, r.stderr)
+	}
+
+	// ./bin/atrium logs "$ID"   # the whole history, one line per event
+	logs := p.ok("alice", "logs", string(id))
+	evs := alice.events(id)
+	for _, ev := range evs {
+		if !regexp.MustCompile(`(?m)^\s*` + strconv.FormatInt(ev.Seq, 10) + `\s.*` + string(ev.Kind)).MatchString(logs) {
+			t.Fatalf("atrium logs has no line for event %d (%s):\n%s", ev.Seq, ev.Kind, logs)
+		}
+	}
+	if !strings.Contains(logs, "hello from ") {
+		t.Fatalf("atrium logs lacks the output of the first turn:\n%s", logs)
+	}
+	// ./bin/atrium ls
+	if out := p.ok("alice", "ls"); !strings.Contains(out, string(id)) || !strings.Contains(out, "demo") {
+		t.Fatalf("atrium ls printed %q, want the session", out)
+	}
+
+	// ./bin/atrium share "$ID" bob --role driver; bob attaches and sees a turn live.
+	p.ok("alice", "share", string(id), "bob", "--role", "driver")
+	attach := p.clientCmd("bob", "attach", string(id))
+	stdin, err := attach.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aout, aerr syncBuffer
+	attach.Stdout, attach.Stderr = &aout, &aerr
+	if err := attach.Start(); err != nil {
+		t.Fatal(err)
+	}
+	attachDone := make(chan error, 1)
+	go func() { attachDone <- attach.Wait() }()
+	t.Cleanup(func() {
+		attach.Process.Kill()
+		<-attachDone
+	})
+	waitText(t, "bob's attach to show the history", &aout, "hello from ")
+	p.ok("alice", "send", string(id), "for i in 1 2 3; do echo tick $i; sleep 1; done")
+	waitText(t, "bob's attach to show the ticks", &aout, "tick 3\n")
+	if fin := alice.waitTurn(id, 5); fin.field("status") != string(session.TurnOK) {
+		t.Fatalf("the tick turn: %s", fin.raw)
+	}
+	waitText(t, "bob's attach to show the turn finished", &aout, "turn 5 ok")
+	stdin.Close() // Ctrl-D detaches.
+	select {
+	case err := <-attachDone:
+		attachDone <- err
+		if err != nil {
+			t.Fatalf("attach ended with %v after Ctrl-D\nstderr: %s", err, aerr.String())
+		}
+	case <-time.After(e2eWait):
+		t.Fatalf("attach still running %v after its stdin closed", e2eWait)
+	}
+
+	// A viewer cannot prompt.
+	p.ok("alice", "share", string(id), "carol", "--role", "viewer")
+	if r := p.cli("carol", "send", string(id), "echo hi"); r.code == 0 || !strings.Contains(strings.ToLower(r.stderr), "viewer") && !strings.Contains(strings.ToLower(r.stderr), "forbidden") {
+		t.Fatalf("a viewer's send: exit %d stderr %q, want a refusal that says why", r.code, r.stderr)
+	}
+	for _, ev := range alice.events(id) {
+		if ev.By == "carol" {
+			t.Fatalf("the viewer's prompt reached the log: %s", ev.raw)
+		}
+	}
+
+	// Approvals.
+	p.ok("alice", "send", string(id), `echo "{\"type\":\"approval_request\",\"id\":\"a1\",\"summary\":\"ok to proceed?\"}"; read -r answer; echo "got: $answer"`)
+	alice.waitFor(id, "approval_requested a1", func(ev e2eEvent) bool {
+		return ev.Kind == session.KindApprovalRequested && ev.field("id") == "a1"
+	})
+	p.ok("alice", "approve", string(id), "a1")
+	alice.waitTurn(id, 6)
+	evs = alice.events(id)
+	if out := stdoutOf(evs, 6); out != `got: {"type":"approval","id":"a1","allow":true}`+"\n" {
+		t.Fatalf("the approval turn printed %q, want the answer line as the README shows", out)
+	}
+	// ./bin/atrium logs "$ID" --after 10 --json   # raw events as JSON lines
+	lines := strings.Split(strings.TrimSuffix(p.ok("alice", "logs", string(id), "--after", "10", "--json"), "\n"), "\n")
+	if len(lines) != len(evs)-10 {
+		t.Fatalf("logs --after 10 --json printed %d lines, want %d", len(lines), len(evs)-10)
+	}
+	for i, line := range lines {
+		if line != string(evs[10+i].raw) {
+			t.Fatalf("logs --json line %d is %s, want the server's bytes %s", i, line, evs[10+i].raw)
+		}
+	}
+
+	// The same with curl.
+	var cs session.Session
+	alice.must(http.StatusCreated, "POST", "/v1/sessions", map[string]any{"title": "curl demo"}, &cs)
+	var ack struct{ Seq int64 }
+	alice.must(http.StatusAccepted, "POST", "/v1/sessions/"+string(cs.ID)+"/messages", map[string]any{"text": "date"}, &ack)
+	var page session.EventsPage
+	alice.must(http.StatusOK, "GET", "/v1/sessions/"+string(cs.ID)+"/events?after=0&limit=50", nil, &page)
+	if len(page.Events) == 0 || len(page.Events) > 50 || decodeEvent(t, page.Events[len(page.Events)-1]).Seq < ack.Seq {
+		t.Fatalf("history page: %d events up to last_seq %d, want the message at %d", len(page.Events), page.LastSeq, ack.Seq)
+	}
+	// SSE: history, then live, until the turn of "date" finishes.
+	ctx, cancel := context.WithTimeout(context.Background(), e2eWait)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/v1/sessions/"+string(cs.ID)+"/events?after=0", nil)
+	req.Header.Set("Authorization", "Bearer dev:alice")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for want := int64(1); ; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("sse: %v after seq %d", err, want-1)
+		}
+		data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: ")
+		if !ok {
+			continue
+		}
+		ev := decodeEvent(t, []byte(data))
+		if ev.Seq != want {
+			t.Fatalf("sse delivered seq %d, want %d", ev.Seq, want)
+		}
+		want++
+		if ev.Kind == session.KindTurnFinished {
+			if ev.field("status") != string(session.TurnOK) {
+				t.Fatalf("the curl demo's turn: %s", ev.raw)
+			}
+			break
+		}
+	}
+}
+
+// waitText waits until buf contains text.
+func waitText(t testing.TB, what string, buf *syncBuffer, text string) {
+	t.Helper()
+	deadline := time.Now().Add(e2eWait)
+	for !strings.Contains(buf.String(), text) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting %v for %s (%q); got:\n%s", e2eWait, what, text, buf.String())
+		}
+		time.Sleep(20 * time.Millisecond) // Polling interval.
+	}
 }

@@ -377,7 +377,8 @@ func (ev event) text() string {
 	return d.Text
 }
 
-// outputOf joins the output text of turn n on stream.
+// outputOf concatenates the output text of turn n on stream. (The node
+// coalesces lines into output events; the text keeps the newlines.)
 func outputOf(evs []event, n int64, stream string) string {
 	var b strings.Builder
 	for _, ev := range evs {
@@ -387,9 +388,6 @@ func outputOf(evs []event, n int64, stream string) string {
 		var d session.OutputData
 		if json.Unmarshal(ev.Data, &d) == nil && d.Stream == stream {
 			b.WriteString(d.Text)
-			if !strings.HasSuffix(d.Text, "\n") {
-				b.WriteByte('\n')
-			}
 		}
 	}
 	return b.String()

@@ -178,22 +178,27 @@ func checkMixedTurn(t *testing.T, evs []event, n, promptSeq int64, allow bool) {
 }
 
 // TestServer_Resume: watchers disconnect while a turn streams output and
-// resume by cursor (WebSocket after=N, SSE Last-Event-ID); the union of what
-// each saw is every seq exactly once, contiguous, in order, and byte-identical
-// to the history.
+// resume by cursor (WebSocket after=N, SSE Last-Event-ID) while it still
+// runs; the union of what each saw is every seq exactly once, contiguous, in
+// order, and byte-identical to the history.
 func TestServer_Resume(t *testing.T) {
 	t.Parallel()
 	s := startStack(t, nil)
 	alice := s.as("alice")
-	// "lines" prints 1500 lines, waits for an approval, prints 1500 more: the
-	// test answers only after both watchers dropped, so events are certainly
-	// produced while they are away.
+	// The harness prints 1500 lines, waits for approval "mid", prints 1500
+	// more, waits for approval "end", prints 100 more. The test answers "mid"
+	// only after both watchers dropped, so events are certainly produced
+	// while they are away, and "end" only after both resumed, so the turn is
+	// certainly still running when they come back.
 	sess := alice.create("resume", map[string]any{"command": []string{bash, "-c", `
 read -r input
 for i in $(seq 1 1500); do echo line $i; done
 echo '{"type":"approval_request","id":"mid","summary":"continue?"}'
 read -r answer
 for i in $(seq 1501 3000); do echo line $i; done
+echo '{"type":"approval_request","id":"end","summary":"finish?"}'
+read -r answer
+for i in $(seq 3001 3100); do echo line $i; done
 `}})
 	ws := alice.watch(sess.ID, 0)
 	stream, err := alice.sse(sess.ID, "after=0", "")
@@ -202,46 +207,56 @@ for i in $(seq 1501 3000); do echo line $i; done
 	}
 	alice.prompt(sess.ID, "go")
 
-	isLine := func(ev event, n int) bool {
-		return ev.Kind == session.KindOutput && strings.TrimSuffix(ev.text(), "\n") == fmt.Sprintf("line %d", n)
+	// readUntil reads one event at a time until stop holds for the events so
+	// far.
+	readUntil := func(next func() []event, stop func([]event) bool) []event {
+		var evs []event
+		for !stop(evs) {
+			evs = append(evs, next()...)
+		}
+		return evs
 	}
-	// WebSocket: read up to line 700, then drop the connection.
-	var wsFirst []event
-	for len(wsFirst) == 0 || !isLine(wsFirst[len(wsFirst)-1], 700) {
-		wsFirst = append(wsFirst, ws.eventsUntil(0)...) // one event at a time
+	sawLine700 := func(evs []event) bool { return strings.Contains(outputOf(evs, 1, "stdout"), "line 700\n") }
+	sawEnd := func(evs []event) bool {
+		return len(evs) > 0 && evs[len(evs)-1].Kind == session.KindApprovalRequested && strings.Contains(string(evs[len(evs)-1].Data), `"id":"end"`)
 	}
+	finished := func(evs []event) bool {
+		return len(evs) > 0 && evs[len(evs)-1].Kind == session.KindTurnFinished
+	}
+	wsNext := func(w *watcher) func() []event { return func() []event { return w.eventsUntil(0) } }
+	sseNext := func(st *sseStream) func() []event { return func() []event { return st.until(t, 0) } }
+
+	wsAll := readUntil(wsNext(ws), sawLine700)
 	ws.conn.CloseNow()
-	// SSE: the same, closing the response.
-	var sseFirst []event
-	for len(sseFirst) == 0 || !isLine(sseFirst[len(sseFirst)-1], 700) {
-		sseFirst = append(sseFirst, stream.until(t, 0)...)
-	}
+	sseAll := readUntil(sseNext(stream), sawLine700)
 	stream.close()
 
+	alice.waitEvent(sess.ID, 0, "approval_requested mid", func(ev event) bool { return ev.Kind == session.KindApprovalRequested })
 	alice.approve(sess.ID, "mid", true)
-	fin := alice.waitEvent(sess.ID, 0, "turn_finished", func(ev event) bool { return ev.Kind == session.KindTurnFinished })
-	rest := alice.events(sess.ID, 0)
-	last := rest[len(rest)-1].Seq
-	if fin.Seq != last {
-		t.Fatalf("turn_finished at %d, history ends at %d", fin.Seq, last)
+	ws2 := alice.watch(sess.ID, wsAll[len(wsAll)-1].Seq)
+	if ws2.hello.LastSeq < wsAll[len(wsAll)-1].Seq {
+		t.Fatalf("hello last_seq %d is before the resume point %d", ws2.hello.LastSeq, wsAll[len(wsAll)-1].Seq)
 	}
-	if got := strings.Count(outputOf(rest, 1, "stdout"), "line "); got != 3000 {
-		t.Fatalf("history holds %d output lines, want 3000", got)
-	}
-
-	ws2 := alice.watch(sess.ID, wsFirst[len(wsFirst)-1].Seq)
-	if ws2.hello.LastSeq < wsFirst[len(wsFirst)-1].Seq {
-		t.Fatalf("hello last_seq %d is before the resume point %d", ws2.hello.LastSeq, wsFirst[len(wsFirst)-1].Seq)
-	}
-	wsAll := append(wsFirst, ws2.eventsUntil(last)...)
-	checkContiguous(t, "WS before+after reconnect", wsAll, 1, last)
-	sameBytes(t, "WS resumed vs REST", wsAll, rest)
-
-	stream2, err := alice.sse(sess.ID, "", strconv.FormatInt(sseFirst[len(sseFirst)-1].Seq, 10))
+	stream2, err := alice.sse(sess.ID, "", strconv.FormatInt(sseAll[len(sseAll)-1].Seq, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sseAll := append(sseFirst, stream2.until(t, last)...)
+	wsAll = append(wsAll, readUntil(wsNext(ws2), sawEnd)...)
+	sseAll = append(sseAll, readUntil(sseNext(stream2), sawEnd)...)
+	alice.approve(sess.ID, "end", true)
+	wsAll = append(wsAll, readUntil(wsNext(ws2), finished)...)
+	sseAll = append(sseAll, readUntil(sseNext(stream2), finished)...)
+
+	rest := alice.events(sess.ID, 0)
+	last := rest[len(rest)-1].Seq
+	if rest[len(rest)-1].Kind != session.KindTurnFinished {
+		t.Fatalf("history ends with %s, want turn_finished", rest[len(rest)-1].raw)
+	}
+	if got := strings.Count(outputOf(rest, 1, "stdout"), "line "); got != 3100 {
+		t.Fatalf("history holds %d output lines, want 3100", got)
+	}
+	checkContiguous(t, "WS before+after reconnect", wsAll, 1, last)
+	sameBytes(t, "WS resumed vs REST", wsAll, rest)
 	checkContiguous(t, "SSE before+after reconnect", sseAll, 1, last)
 	sameBytes(t, "SSE resumed vs REST", sseAll, rest)
 
@@ -493,7 +508,9 @@ func TestServer_BadInput(t *testing.T) {
 		a.t = t
 		sess := a.create("flood", testHarness)
 		a.prompt(sess.ID, "flood")
-		fin, tail := waitTurnTail(&a, sess.ID, 1)
+		// Reading and discarding 100 MB takes a while under -race on a busy
+		// machine; this deadline only detects a hang.
+		fin, tail := waitTurnTail(&a, sess.ID, 1, 3*waitLong)
 		if fin.Status != session.TurnOK && reason(tail, 1) == "" {
 			t.Fatalf("flood turn finished %+v with no error event saying why; last events:\n%s", fin, dump(tail))
 		}
@@ -503,7 +520,7 @@ func TestServer_BadInput(t *testing.T) {
 		if seq != info.LastSeq+1 {
 			t.Fatalf("prompt after the flood at seq %d, want %d", seq, info.LastSeq+1)
 		}
-		if fin2, _ := waitTurnTail(&a, sess.ID, 2); fin2.Status != session.TurnOK {
+		if fin2, _ := waitTurnTail(&a, sess.ID, 2, waitLong); fin2.Status != session.TurnOK {
 			t.Fatalf("turn after the flood finished %+v, want ok", fin2)
 		}
 	})
@@ -541,15 +558,12 @@ func dump(evs []event) string {
 
 // waitTurnTail waits for turn_finished of turn n looking only at the newest
 // events, for sessions too long to page through, and returns the tail too.
-func waitTurnTail(c *client, id session.ID, n int64) (session.TurnFinishedData, []event) {
+func waitTurnTail(c *client, id session.ID, n int64, wait time.Duration) (session.TurnFinishedData, []event) {
 	c.t.Helper()
-	deadline := time.Now().Add(waitLong)
+	deadline := time.Now().Add(wait)
 	for {
 		last := c.get(id).LastSeq
-		var tail []event
-		for _, raw := range c.page(id, max(0, last-200), 0).Events {
-			tail = append(tail, parseEvent(c.t, raw))
-		}
+		tail := c.events(id, max(0, last-200))
 		for _, ev := range tail {
 			if ev.Kind == session.KindTurnFinished && ev.turn() == n {
 				var d session.TurnFinishedData
@@ -558,7 +572,7 @@ func waitTurnTail(c *client, id session.ID, n int64) (session.TurnFinishedData, 
 			}
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("session %s: turn %d not finished within %v; last_seq %d", id, n, waitLong, last)
+			c.t.Fatalf("session %s: turn %d not finished within %v; last_seq %d", id, n, wait, last)
 		}
 		time.Sleep(50 * time.Millisecond) // Polling interval.
 	}
@@ -578,6 +592,8 @@ func TestServer_Hibernate(t *testing.T) {
 		t.Fatalf("turn 1 %+v, want ok", fin)
 	}
 
+	// Poll less often than HibernateAfter: a read of an active session is a
+	// command to its actor and restarts the idle timer (DESIGN §3).
 	var hib session.Session
 	deadline := time.Now().Add(waitLong)
 	for hib = alice.get(sess.ID); hib.State != session.StateHibernated; hib = alice.get(sess.ID) {
@@ -587,7 +603,7 @@ func TestServer_Hibernate(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("session still %q %v after its last turn (HibernateAfter 200ms)", hib.State, waitLong)
 		}
-		time.Sleep(20 * time.Millisecond) // Polling interval.
+		time.Sleep(400 * time.Millisecond) // Polling interval, twice HibernateAfter.
 	}
 	if hib.LastSeq == 0 || hib.Sandbox.State == "" || hib.Role != session.RoleOwner {
 		t.Fatalf("hibernated session %+v lacks last_seq, sandbox state or role", hib)
