@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,16 +14,35 @@ import (
 )
 
 // BenchmarkPrompt measures durable prompt throughput through NATS: many
-// concurrent senders, each waiting for the {seq} that means committed. Every
-// prompt also queues a turn (the harness is `true`), whose events compete for
-// the same log.
+// concurrent senders, each waiting for the {seq} that means committed.
+// With harness "true" every prompt also queues a turn, which runs in a new
+// sandbox process (the machine spends much of its time starting them) and
+// whose events compete for the same log; with "long-turn" one turn runs for
+// the whole benchmark and the prompts queue behind it, which measures the
+// append path alone. cpu-us/prompt is the process's CPU time (node, NATS
+// server and senders together) per prompt.
 func BenchmarkPrompt(b *testing.B) {
+	for _, senders := range []int{16, 64} {
+		for _, harness := range []string{"true", "long-turn"} {
+			b.Run(fmt.Sprintf("senders=%d/harness=%s", senders, harness), func(b *testing.B) {
+				benchmarkPrompt(b, senders, harness)
+			})
+		}
+	}
+}
+
+func benchmarkPrompt(b *testing.B, senders int, harness string) {
 	e := newEnv(b)
-	id := e.create("alice", command("true"))
+	h := command("true")
+	if harness == "long-turn" {
+		h = command("sleep", "1000")
+	}
+	id := e.create("alice", h)
 	e.prompt(id, "alice", "warm up")
 	var n atomic.Int64
-	b.SetParallelism(8) // 16 senders on 2 cores
+	b.SetParallelism(max(1, senders/runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -34,10 +55,21 @@ func BenchmarkPrompt(b *testing.B) {
 		}
 	})
 	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
 	b.StopTimer()
 	info := e.cmd(id, "alice", session.Command{Op: session.OpInfo})
 	b.ReportMetric(float64(n.Load())/elapsed.Seconds(), "prompts/s")
 	b.ReportMetric(float64(info.Session.LastSeq)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(n.Load()), "cpu-us/prompt")
+}
+
+// cpuTime returns the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkHistory measures history reads through NATS (500 events a page).

@@ -139,3 +139,38 @@ func cloneMembers(m session.Members) session.Members {
 	}
 	return out
 }
+
+// putCatalog schedules writing the session's catalog entry as it is now.
+func (s *sessionActor) putCatalog() {
+	s.catalogAt = time.Now()
+	s.catalogSeq, s.catalogSandbox = s.durable, s.sandboxState
+	s.h.catalog.put(s.catalogEntry(session.StateActive))
+}
+
+// catalogChanged keeps the catalog entry of an active session fresh while
+// events are committed: it is rewritten at once if it was not written during
+// the last CatalogInterval, else when that interval is up, so a busy session
+// writes it at most once per interval.
+func (s *sessionActor) catalogChanged() {
+	if s.catalogTimer != nil || s.durable == s.catalogSeq && s.sandboxState == s.catalogSandbox {
+		return
+	}
+	switch s.phase {
+	case phaseActive, phaseDraining, phaseWaking:
+	default:
+		return // closing or deleting write their own entry
+	}
+	wait := s.h.cfg.CatalogInterval - time.Since(s.catalogAt)
+	if wait <= 0 {
+		s.putCatalog()
+		return
+	}
+	s.catalogTimer = time.AfterFunc(wait, func() { s.send(&catalogTick{}) })
+}
+
+func (s *sessionActor) stopCatalogTimer() {
+	if s.catalogTimer != nil {
+		s.catalogTimer.Stop()
+		s.catalogTimer = nil
+	}
+}

@@ -2,7 +2,6 @@ package actor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -55,17 +54,23 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 		s.early = append(s.early, m)
 		return
 	case phaseDeleting, phasePassivating:
+		if s.openErr != nil {
+			// Sent while the history failed to open (the subscription
+			// is made meanwhile).
+			respond(m.msg, errorReply(s.openErr))
+			return
+		}
 		respond(m.msg, errorReply(session.Errorf(session.CodeNotFound, "session not found")))
 		return
 	case phaseClosing: // Not reachable: the subscription is drained first.
 		respond(m.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session is going to sleep; retry")))
 		return
 	}
-	var c session.Command
-	if err := json.Unmarshal(m.msg.Data, &c); err != nil {
-		respond(m.msg, errorReply(session.Errorf(session.CodeBadRequest, "command is not valid JSON: %v", err)))
+	if m.err != nil {
+		respond(m.msg, errorReply(m.err))
 		return
 	}
+	c := &m.cmd
 	who := principal(m.msg)
 	if who.User == "" {
 		respond(m.msg, errorReply(session.Errorf(session.CodeUnauthenticated, "no caller in the %s header", session.HeaderUser)))
@@ -73,9 +78,9 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 	}
 	s.current = m.msg
 	if s.h.beforeCmd != nil {
-		s.h.beforeCmd(s.id, &c)
+		s.h.beforeCmd(s.id, c)
 	}
-	s.command(m.msg, who, &c)
+	s.command(m.msg, who, c)
 	s.current = nil
 }
 
@@ -149,8 +154,8 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 			return
 		}
 	}
-	data := mustMarshal(session.MessageData{Text: c.Text, ClientID: c.ClientID})
-	if len(data) > s.maxEventData() {
+	data := messageData(c.Text, c.ClientID)
+	if len(data) > s.maxData {
 		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
 		return
 	}
@@ -183,9 +188,10 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 }
 
 // maxEventData is the largest event data that still publishes within the
-// connection's max payload.
-func (s *sessionActor) maxEventData() int {
-	return int(s.h.cfg.NATS.MaxPayload()) - 1024
+// connection's max payload. (nats.Conn.MaxPayload takes the connection's
+// lock, so the session reads it once when it activates.)
+func maxEventData(nc *nats.Conn) int {
+	return int(nc.MaxPayload()) - 1024
 }
 
 func (s *sessionActor) opCancel(msg *nats.Msg) {
@@ -289,7 +295,7 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 				respond(msg, errorReply(err))
 				return
 			}
-			s.h.catalog.put(s.catalogEntry(session.StateActive))
+			s.putCatalog()
 			respond(msg, session.Reply{})
 		})
 }
@@ -300,6 +306,7 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 func (s *sessionActor) opDelete(msg *nats.Msg) {
 	s.phase = phaseDeleting
 	s.deleteMsg = msg
+	s.stopCatalogTimer()
 	if s.runner != nil {
 		s.runner.stop(stopRequest{status: session.TurnCancelled})
 	}
@@ -310,7 +317,7 @@ func (s *sessionActor) opDelete(msg *nats.Msg) {
 // tryFinishDelete starts removing the session once nothing runs, nothing is
 // being committed and no command can arrive any more.
 func (s *sessionActor) tryFinishDelete() {
-	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.inflight ||
+	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.uncommitted > 0 ||
 		len(s.outbox) > 0 || s.draining != nil {
 		return
 	}

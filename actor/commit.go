@@ -4,16 +4,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/atriumhq/atrium/session"
 )
 
 const (
-	// maxBatch bounds the events of one commit.
-	maxBatch = 512
-	// commitTimeout bounds one commit.
-	commitTimeout = 30 * time.Second
+	// maxBatch bounds the events of one commit (softly: a batch the actor
+	// queued is never split).
+	maxBatch = 1024
+	// yieldBelow: with fewer batches queued than this, the committer
+	// yields once before taking them.
+	yieldBelow = 64
 )
 
 // pendingEvent is an event that has a seq but is not yet durable. after, if
@@ -23,69 +27,172 @@ type pendingEvent struct {
 	after func(err error)
 }
 
-// batch is one group commit: events in seq order and, optionally, new
-// metadata written after them.
+// batch is what one Receive of the actor queued for commit: events in seq
+// order and, optionally, new metadata written after them. gen is the actor's
+// commit generation when it was queued (see committer).
 type batch struct {
+	gen  uint64
 	pend []pendingEvent
 	meta *session.Meta
 }
 
-// committed reports a batch's outcome to the actor. metaErr is set when the
-// events are durable but the metadata could not be written.
+// committed reports the outcome of one commit (one or more batches, in
+// queue order) to the actor. metaErr is set when the events are durable but
+// the metadata could not be written.
 type committed struct {
 	c       *committer
-	b       *batch
+	batches []*batch
 	err     error
 	metaErr error
 }
 
-// committer is the goroutine that writes a session's batches: one Append
-// per batch, then publish, then report. The actor sends the next batch only
-// after the previous one is reported, so events pile up in the outbox while a
-// commit runs and go out together (group commit).
+// committer is the goroutine that writes a session's events. The actor
+// queues a batch at the end of every Receive that produced events, without
+// waiting for earlier batches to be reported; each commit takes everything
+// queued since the previous one began, appends it in one transaction,
+// publishes it and reports it. So under load a commit carries all that
+// arrived while the previous one ran (group commit), and the committer never
+// waits for the actor between commits.
+//
+// A failed commit drops its events, and everything queued behind it was
+// numbered after them, so it must not be written either: the committer fails
+// every later batch of the same generation without writing it. The actor,
+// told of the first failure, drops what it has not queued yet, numbers on
+// from the last durable seq and starts a new generation, whose batches are
+// written again.
 type committer struct {
-	in   chan *batch // cap 1; closed by stop
-	done chan struct{}
+	mu     sync.Mutex
+	queue  []*batch // guarded by mu
+	closed bool     // guarded by mu
+
+	wake chan struct{} // cap 1
+	done chan struct{} // closed when the goroutine has ended
+
+	// Owned by the committer's goroutine.
+	failed    bool
+	failedGen uint64
 }
 
 func (s *sessionActor) startCommitter(hist History) *committer {
-	c := &committer{in: make(chan *batch, 1), done: make(chan struct{})}
+	c := &committer{wake: make(chan struct{}, 1), done: make(chan struct{})}
 	subject := s.h.cfg.Subjects.Events(s.id)
 	nc := s.h.cfg.NATS
 	s.spawn(func() {
 		defer close(c.done)
 		evs := make([]session.Stored, 0, maxBatch)
-		for b := range c.in {
-			evs = evs[:0]
-			for _, p := range b.pend {
-				evs = append(evs, p.ev)
+		for {
+			c.mu.Lock()
+			for len(c.queue) == 0 && !c.closed {
+				c.mu.Unlock()
+				<-c.wake
+				c.mu.Lock()
 			}
-			ctx, cancel := context.WithTimeout(s.h.ctx, commitTimeout)
-			res := &committed{c: c, b: b}
-			res.err = hist.Append(ctx, evs)
-			if res.err == nil && b.meta != nil {
-				res.metaErr = hist.SetMeta(ctx, *b.meta)
+			if n := len(c.queue); n > 0 && n < yieldBelow {
+				// Let the goroutines that are about to queue more (the
+				// actor, the subscription) run first: one yield costs
+				// far less than a commit, and under load it makes each
+				// commit carry several times more events.
+				c.mu.Unlock()
+				runtime.Gosched()
+				c.mu.Lock()
 			}
-			cancel()
-			if res.err == nil {
-				for _, ev := range evs {
-					if err := nc.Publish(subject, ev.JSON); err != nil {
-						s.log.Warn("publish event", "seq", ev.Seq, "err", err)
+			queue := c.queue
+			c.queue = nil // the reports keep slices of it
+			c.mu.Unlock()
+			if len(queue) == 0 {
+				return // closed and nothing left
+			}
+			for len(queue) > 0 {
+				var res *committed
+				res, queue = c.take(queue)
+				if res.err == nil {
+					evs = evs[:0]
+					var meta *session.Meta
+					for _, b := range res.batches {
+						for _, p := range b.pend {
+							evs = append(evs, p.ev)
+						}
+						if b.meta != nil {
+							meta = b.meta
+						}
+					}
+					// No deadline or cancellation: under a context that
+					// can end, modernc.org/sqlite starts a goroutine for
+					// every statement (to interrupt it), which costs more
+					// than the insert itself; and SQLite could not
+					// interrupt a write stuck in the kernel anyway.
+					ctx := context.Background()
+					res.err = hist.Append(ctx, evs)
+					if res.err == nil && meta != nil {
+						res.metaErr = hist.SetMeta(ctx, *meta)
+					}
+					if res.err != nil {
+						c.failed, c.failedGen = true, res.batches[len(res.batches)-1].gen
+					} else {
+						for _, ev := range evs {
+							if err := nc.Publish(subject, ev.JSON); err != nil {
+								s.log.Warn("publish event", "seq", ev.Seq, "err", err)
+							}
+						}
 					}
 				}
+				s.send(res)
 			}
-			s.send(res)
 		}
 	})
 	return c
 }
 
-// stop closes the queue and waits for the batch in progress.
+// take removes the next commit's batches from the front of queue: either the
+// batches of a failed generation, reported failed without being written, or
+// up to maxBatch events of batches to write.
+func (c *committer) take(queue []*batch) (*committed, []*batch) {
+	res := &committed{c: c}
+	n := 0
+	if c.failed && queue[0].gen == c.failedGen {
+		for n < len(queue) && queue[n].gen == c.failedGen {
+			n++
+		}
+		res.batches, res.err = queue[:n:n], errDropped
+		return res, queue[n:]
+	}
+	c.failed = false
+	events := 0
+	for n < len(queue) && (n == 0 || events+len(queue[n].pend) <= maxBatch) {
+		events += len(queue[n].pend)
+		n++
+	}
+	res.batches = queue[:n:n]
+	return res, queue[n:]
+}
+
+// errDropped is the error of events queued behind a failed commit.
+var errDropped = session.Errorf(session.CodeUnavailable, "an earlier write to the session's history failed; retry")
+
+// add queues b for commit. It never blocks for long: the committer holds the
+// lock only to swap the queue.
+func (c *committer) add(b *batch) {
+	c.mu.Lock()
+	c.queue = append(c.queue, b)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop commits what is queued, ends the goroutine and waits for it.
 func (c *committer) stop() {
 	if c == nil {
 		return
 	}
-	close(c.in)
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 	<-c.done
 }
 
@@ -94,45 +201,52 @@ func (c *committer) stop() {
 func (s *sessionActor) emit(kind session.Kind, by string, data json.RawMessage, after func(error)) session.Seq {
 	seq := s.nextSeq
 	s.nextSeq++
-	ev := encodeEvent(seq, s.meta.Epoch, time.Now().UTC(), kind, by, data)
+	ev := encodeEvent(seq, s.meta.Epoch, time.Now(), kind, by, data)
 	s.outbox = append(s.outbox, pendingEvent{ev: ev, after: after})
 	return seq
 }
 
-// flush sends the outbox to the committer if none is in progress.
+// flush hands the outbox (and changed metadata) to the committer.
 func (s *sessionActor) flush() {
-	if s.committer == nil || s.inflight || (len(s.outbox) == 0 && !s.metaDirty) {
+	if s.committer == nil || (len(s.outbox) == 0 && !s.metaDirty) {
 		return
 	}
-	n := min(len(s.outbox), maxBatch)
-	b := &batch{pend: make([]pendingEvent, n)}
-	copy(b.pend, s.outbox)
-	s.outbox = append(s.outbox[:0], s.outbox[n:]...)
+	b := &batch{gen: s.gen, pend: s.outbox}
+	s.outbox = nil
 	if s.metaDirty {
 		m := s.metaNext
 		m.Members = cloneMembers(m.Members)
 		b.meta = &m
 		s.metaDirty = false
 	}
-	s.inflight = true
-	s.committer.in <- b // Never blocks: one batch at most is in flight.
+	s.uncommitted++
+	s.committer.add(b)
 }
 
 func (s *sessionActor) onCommitted(m *committed) {
 	if m.c != s.committer {
 		return
 	}
-	s.inflight = false
+	s.uncommitted -= len(m.batches)
 	if m.err != nil {
-		// Nothing of this batch is durable, and what queued behind it was
-		// numbered after it: drop it all and number on from the last
-		// durable seq. None of it was published, so no seq is reused.
-		s.log.Warn("commit events", "err", m.err, "dropped", len(m.b.pend)+len(s.outbox))
-		dropped := append(m.b.pend, s.outbox...)
-		s.outbox = nil
-		s.nextSeq = s.durable + 1
-		s.metaNext = s.meta
-		s.metaDirty = false
+		var dropped []pendingEvent
+		for _, b := range m.batches {
+			dropped = append(dropped, b.pend...)
+		}
+		if m.batches[0].gen == s.gen {
+			// The first failure of this generation. Nothing of it is
+			// durable, and what is queued behind it was numbered after
+			// it: the committer drops that, we drop what we have not
+			// queued yet and number on from the last durable seq. None
+			// of it was published, so no seq is reused.
+			s.log.Warn("commit events", "err", m.err, "dropped", int(s.nextSeq-s.durable-1))
+			dropped = append(dropped, s.outbox...)
+			s.outbox = nil
+			s.gen++
+			s.nextSeq = s.durable + 1
+			s.metaNext = s.meta
+			s.metaDirty = false
+		}
 		for _, p := range dropped {
 			if p.after != nil {
 				p.after(m.err)
@@ -140,27 +254,34 @@ func (s *sessionActor) onCommitted(m *committed) {
 		}
 		return
 	}
-	if n := len(m.b.pend); n > 0 {
-		s.durable = m.b.pend[n-1].ev.Seq
-	}
-	if m.b.meta != nil {
-		s.meta = *m.b.meta
-		if m.metaErr != nil {
-			s.log.Warn("write metadata; will retry", "err", m.metaErr)
-			s.metaDirty = true
+	for _, b := range m.batches {
+		if n := len(b.pend); n > 0 {
+			s.durable = b.pend[n-1].ev.Seq
+		}
+		if b.meta != nil {
+			s.meta = *b.meta
 		}
 	}
-	for _, p := range m.b.pend {
-		if p.after != nil {
-			p.after(nil)
+	if m.metaErr != nil {
+		s.log.Warn("write metadata; will retry", "err", m.metaErr)
+		s.metaDirty = true
+	}
+	for _, b := range m.batches {
+		for _, p := range b.pend {
+			if p.after != nil {
+				p.after(nil)
+			}
 		}
 	}
+	s.catalogChanged()
 }
 
 // encodeEvent encodes an event once; these bytes are stored, published and
-// served by history.
+// served by history. The encoding is encoding/json's (without HTML
+// escaping), written directly: this runs for every event.
 func encodeEvent(seq session.Seq, epoch string, t time.Time, kind session.Kind, by string, data json.RawMessage) session.Stored {
-	b := mustMarshal(session.Event{Seq: seq, Epoch: epoch, Time: session.Time{Time: t}, Kind: kind, By: by, Data: data})
+	b := make([]byte, 0, 96+len(epoch)+len(kind)+len(by)+len(data))
+	b = appendEvent(b, seq, epoch, t, kind, by, data)
 	return session.Stored{Seq: seq, Kind: kind, JSON: b}
 }
 

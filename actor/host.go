@@ -15,6 +15,7 @@ package actor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +36,9 @@ const (
 	DefaultCancelGrace    = 5 * time.Second
 	DefaultMaxTurnOutput  = 8 << 20
 	DefaultReaders        = 4
+	// DefaultCatalogInterval is how often at most an active session
+	// rewrites its catalog entry while its last_seq changes.
+	DefaultCatalogInterval = time.Second
 )
 
 // startTimeout bounds Start when its context has no deadline.
@@ -75,6 +79,11 @@ type Config struct {
 	// Readers is the number of goroutines serving history reads;
 	// DefaultReaders if zero.
 	Readers int
+	// CatalogInterval is how often at most an active session rewrites its
+	// catalog entry (last_seq, sandbox state) while events are committed;
+	// the end of a turn, a membership change and hibernation rewrite it at
+	// once. DefaultCatalogInterval if zero.
+	CatalogInterval time.Duration
 	// Logger receives the host's and protoactor's logs; slog.Default() if nil.
 	Logger *slog.Logger
 }
@@ -97,6 +106,9 @@ type Host struct {
 	catalog *catalogWriter
 	reads   chan readJob
 	place   *nats.Subscription
+	// stopResume ends resume, which activates the sessions that were
+	// active when the node last stopped.
+	stopResume context.CancelFunc
 
 	// ctx is cancelled when Close gives up waiting; goroutines use it to
 	// bound their blocking calls.
@@ -141,6 +153,9 @@ func New(cfg Config) (*Host, error) {
 	if cfg.Readers <= 0 {
 		cfg.Readers = DefaultReaders
 	}
+	if cfg.CatalogInterval <= 0 {
+		cfg.CatalogInterval = DefaultCatalogInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -167,7 +182,10 @@ func New(cfg Config) (*Host, error) {
 }
 
 // Start creates (or opens) the catalog bucket, starts the actor system and
-// subscribes to the place subject. When it returns, the node serves.
+// subscribes to the place subject. When it returns, the node serves; in the
+// background it then activates every session the catalog says was active
+// (see resume), so interrupted turns are finished and queued prompts run
+// with nobody connected.
 func (h *Host) Start(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -227,13 +245,53 @@ func (h *Host) Start(ctx context.Context) error {
 	}
 	h.started = true
 	h.log.Info("node serving", "subject", h.cfg.Subjects.Place())
+	var rctx context.Context
+	rctx, h.stopResume = context.WithCancel(context.Background())
+	h.wg.Go(func() { h.resume(rctx) })
 	return nil
+}
+
+// resume activates every session whose catalog entry says it is active: it
+// was active when the node stopped or crashed, so it may have an interrupted
+// turn to finish or queued prompts to run, with nobody connected to wake it.
+// A session whose history is not on this node fails to activate quietly.
+func (h *Host) resume(ctx context.Context) {
+	w, err := h.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("resume active sessions: watch catalog", "err", err)
+		}
+		return
+	}
+	defer w.Stop()
+	n := 0
+	for {
+		var ent jetstream.KeyValueEntry
+		select {
+		case ent = <-w.Updates():
+		case <-ctx.Done():
+			return
+		}
+		if ent == nil {
+			break // the initial values are done
+		}
+		var c session.CatalogEntry
+		if err := json.Unmarshal(ent.Value(), &c); err != nil || c.State != session.StateActive || c.ID.Validate() != nil {
+			continue
+		}
+		h.system.Root.Send(h.manager, &placeMsg{req: session.PlaceRequest{Op: session.PlaceActivate, Session: c.ID}})
+		n++
+	}
+	if n > 0 {
+		h.log.Info("resuming sessions that were active when the node stopped", "sessions", n)
+	}
 }
 
 // Close stops serving: running turns are cancelled (SIGTERM, then SIGKILL
 // after CancelGrace) and finished as cancelled, everything pending is
 // committed, history files are closed, subscriptions drained and the actor
-// system shut down. If ctx ends first, sessions are stopped at once. It is
+// system shut down. Queued prompts do not run; a session that has some stays
+// "active" in the catalog, so the next Start resumes it. If ctx ends first, sessions are stopped at once. It is
 // safe to call twice.
 func (h *Host) Close(ctx context.Context) error {
 	h.mu.Lock()
@@ -246,6 +304,7 @@ func (h *Host) Close(ctx context.Context) error {
 		h.cancel(errors.New("host closed"))
 		return nil
 	}
+	h.stopResume()
 	var errs []error
 	if err := h.place.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		errs = append(errs, fmt.Errorf("drain place subscription: %w", err))

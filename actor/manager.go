@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"bytes"
 	"encoding/json"
 
 	proto "github.com/asynkron/protoactor-go/actor"
@@ -187,16 +186,7 @@ func respond(msg *nats.Msg, rep session.Reply) {
 	if msg == nil || msg.Reply == "" {
 		return
 	}
-	// Without HTML escaping, so events in a history reply keep the exact
-	// bytes that were stored and published.
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(rep); err != nil {
-		buf.Reset()
-		enc.Encode(errorReply(err))
-	}
-	_ = msg.Respond(bytes.TrimSuffix(buf.Bytes(), []byte{'\n'})) // The requester may be gone; nothing to do then.
+	_ = msg.Respond(encodeReply(&rep)) // The requester may be gone; nothing to do then.
 }
 
 func errorReply(err error) session.Reply { return session.Reply{Error: session.AsError(err)} }

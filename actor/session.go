@@ -41,8 +41,23 @@ const (
 	phaseDeleting                 // delete in progress
 )
 
-// cmdMsg is a request from the session's Cmd subscription.
-type cmdMsg struct{ msg *nats.Msg }
+// cmdMsg is a request from the session's Cmd subscription, decoded on the
+// subscription's goroutine (in parallel with the actor, and on a goroutine
+// whose stack has grown to what decoding needs: protoactor runs an actor on a
+// fresh goroutine whenever its mailbox was empty).
+type cmdMsg struct {
+	msg *nats.Msg
+	cmd session.Command
+	err error // the body is not a valid command
+}
+
+func newCmdMsg(msg *nats.Msg) *cmdMsg {
+	m := &cmdMsg{msg: msg}
+	if err := json.Unmarshal(msg.Data, &m.cmd); err != nil {
+		m.err = session.Errorf(session.CodeBadRequest, "command is not valid JSON: %v", err)
+	}
+	return m
+}
 
 // shutdownSession tells a session that the host is closing.
 type shutdownSession struct{}
@@ -65,6 +80,7 @@ type (
 	idleTimeout struct{ gen uint64 }
 	closedMsg   struct{}
 	deletedMsg  struct{}
+	catalogTick struct{}
 )
 
 // handoff carries what an opening or subscribing goroutine produced to the
@@ -82,6 +98,7 @@ type openResult struct {
 	last     session.Seq
 	lastTurn int64
 	sandbox  session.SandboxState
+	queue    []session.Prompt // acknowledged prompts whose turn has not started
 }
 
 // sessionActor owns one session: its history (sole writer), its turn queue,
@@ -106,6 +123,7 @@ type sessionActor struct {
 	early    []*cmdMsg   // commands that arrived before the history was open
 	current  *nats.Msg   // the command being handled, answered if it panics
 	shutting bool
+	openErr  error // why activation failed
 
 	idleTimer *time.Timer // runs while idle; fires idleTimeout
 	idleGen   uint64      // generation of idleTimer; stale ticks are ignored
@@ -119,10 +137,17 @@ type sessionActor struct {
 	metaNext  session.Meta // metadata including changes not yet committed
 	metaDirty bool         // metaNext must be written with the next batch
 
-	nextSeq  session.Seq // seq of the next event
-	durable  session.Seq // seq of the last committed event
-	outbox   []pendingEvent
-	inflight bool // a batch is being committed
+	nextSeq     session.Seq // seq of the next event
+	durable     session.Seq // seq of the last committed event
+	outbox      []pendingEvent
+	uncommitted int    // batches queued on the committer and not yet reported
+	gen         uint64 // commit generation: incremented by a failed commit
+	maxData     int    // the largest event data that publishes
+
+	catalogTimer   *time.Timer // runs while a catalog update waits for CatalogInterval
+	catalogAt      time.Time   // when the catalog entry was last written
+	catalogSeq     session.Seq // the last_seq it was written with
+	catalogSandbox session.SandboxState
 
 	turns        session.Turns
 	runner       *runner
@@ -200,6 +225,9 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 		s.onSubscribed(ctx)
 	case *cmdDrained:
 		s.onDrained(ctx, m.sub)
+	case *catalogTick:
+		s.catalogTimer = nil
+		s.catalogChanged()
 	case *closedMsg:
 		s.passivate(ctx)
 	case *deletedMsg:
@@ -268,14 +296,14 @@ func (s *sessionActor) stopIdle() {
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
-	return s.runner == nil && s.turns.Idle() && !s.inflight && len(s.outbox) == 0 &&
+	return s.runner == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
 		!s.metaDirty && len(s.waiting) == 0
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
 // the log and do not run.
 func (s *sessionActor) quiet() bool {
-	return s.runner == nil && !s.inflight && len(s.outbox) == 0 && !s.metaDirty
+	return s.runner == nil && s.uncommitted == 0 && len(s.outbox) == 0 && !s.metaDirty
 }
 
 // --- activation -----------------------------------------------------------
@@ -328,15 +356,35 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		var ho *handoff
 		if create != nil {
 			ho = s.create(ctx, create)
-		} else {
-			ho = s.open(ctx)
-		}
-		if ho.err == nil {
-			ho.sub, ho.err = s.subscribe(ctx, subject, self)
-			if ho.err != nil {
-				ho.hist.Close()
-				ho.hist = nil
+			if ho.err == nil {
+				ho.sub, ho.err = s.subscribe(ctx, subject, self)
 			}
+		} else {
+			// Subscribe while the history opens, so that the round trip
+			// to the server overlaps opening the file; commands that
+			// arrive first wait in s.early. (Not for create: until it
+			// succeeds the id may be a hibernated session's, which this
+			// actor must not answer for.)
+			type subResult struct {
+				sub *nats.Subscription
+				err error
+			}
+			subC := make(chan subResult, 1)
+			s.spawn(func() {
+				sub, err := s.subscribe(ctx, subject, self)
+				subC <- subResult{sub, err}
+			})
+			ho = s.open(ctx)
+			r := <-subC
+			if ho.err == nil {
+				ho.sub, ho.err = r.sub, r.err
+			} else if r.sub != nil {
+				r.sub.Unsubscribe()
+			}
+		}
+		if ho.err != nil && ho.hist != nil {
+			ho.hist.Close()
+			ho.hist = nil
 		}
 		s.mu.Lock()
 		s.handoff = ho
@@ -348,7 +396,7 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 // subscribe subscribes the Cmd subject and waits until the server has it.
 func (s *sessionActor) subscribe(ctx context.Context, subject string, self *proto.PID) (*nats.Subscription, error) {
 	root := s.h.system.Root
-	sub, err := s.h.cfg.NATS.Subscribe(subject, func(msg *nats.Msg) { root.Send(self, &cmdMsg{msg: msg}) })
+	sub, err := s.h.cfg.NATS.Subscribe(subject, func(msg *nats.Msg) { root.Send(self, newCmdMsg(msg)) })
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
 	}
@@ -434,47 +482,106 @@ func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, 
 	}
 	var started, finished session.TurnStartedData
 	rawStarted, err := hist.LastOfKind(ctx, session.KindTurnStarted)
-	if err != nil || rawStarted == nil {
-		return res, err
-	}
-	startEv, err := decodeEvent(rawStarted, &started)
-	if err != nil {
-		return nil, fmt.Errorf("decode last turn_started: %w", err)
-	}
-	res.lastTurn = started.Turn
-	rawFinished, err := hist.LastOfKind(ctx, session.KindTurnFinished)
 	if err != nil {
 		return nil, err
 	}
-	if rawFinished != nil {
-		if _, err := decodeEvent(rawFinished, &finished); err != nil {
-			return nil, fmt.Errorf("decode last turn_finished: %w", err)
+	if rawStarted != nil {
+		startEv, err := decodeEvent(rawStarted, &started)
+		if err != nil {
+			return nil, fmt.Errorf("decode last turn_started: %w", err)
+		}
+		res.lastTurn = started.Turn
+		rawFinished, err := hist.LastOfKind(ctx, session.KindTurnFinished)
+		if err != nil {
+			return nil, err
+		}
+		if rawFinished != nil {
+			if _, err := decodeEvent(rawFinished, &finished); err != nil {
+				return nil, fmt.Errorf("decode last turn_finished: %w", err)
+			}
+		}
+		if finished.Turn < started.Turn {
+			if err := s.finishInterrupted(ctx, hist, res, startEv, started.Turn); err != nil {
+				return nil, err
+			}
 		}
 	}
-	if finished.Turn >= started.Turn {
-		return res, nil
+	// Every prompt after the one the last turn ran was acknowledged but
+	// never started: it is the queue, and it runs now.
+	if res.queue, err = queuedPrompts(ctx, hist, started.PromptSeq); err != nil {
+		return nil, fmt.Errorf("read queued prompts: %w", err)
 	}
-	// The process stopped during turn N: say so and finish it.
+	if len(res.queue) > 0 {
+		s.log.Info("resuming queued prompts", "prompts", len(res.queue))
+	}
+	return res, nil
+}
+
+// finishInterrupted logs that the process stopped during turn n and finishes
+// it as failed.
+func (s *sessionActor) finishInterrupted(ctx context.Context, hist History, res *openResult, startEv session.Event, n int64) error {
 	now := time.Now().UTC()
 	evs := []session.Stored{
-		encodeEvent(last+1, m.Epoch, now, session.KindError, session.BySystem, mustMarshal(session.ErrorData{
+		encodeEvent(res.last+1, res.meta.Epoch, now, session.KindError, session.BySystem, mustMarshal(session.ErrorData{
 			Code:    session.CodeUnavailable,
-			Message: fmt.Sprintf("turn %d was interrupted because the server stopped", started.Turn),
+			Message: fmt.Sprintf("turn %d was interrupted because the server stopped", n),
 		})),
-		encodeEvent(last+2, m.Epoch, now, session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
-			Turn: started.Turn, Status: session.TurnFailed, ExitCode: -1,
+		encodeEvent(res.last+2, res.meta.Epoch, now, session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
+			Turn: n, Status: session.TurnFailed, ExitCode: -1,
 			DurationMS: max(now.Sub(startEv.Time.Time).Milliseconds(), 0),
 		})),
 	}
 	if err := hist.Append(ctx, evs); err != nil {
-		return nil, fmt.Errorf("finish interrupted turn %d: %w", started.Turn, err)
+		return fmt.Errorf("finish interrupted turn %d: %w", n, err)
 	}
 	for _, ev := range evs {
 		s.publish(ev.JSON)
 	}
 	res.last += 2
-	s.log.Info("finished a turn interrupted by a stop", "turn", started.Turn)
-	return res, nil
+	s.log.Info("finished a turn interrupted by a stop", "turn", n)
+	return nil
+}
+
+// queuedPrompts returns the prompts (message events) after seq after, in
+// order. The common case, no message after it, costs one indexed lookup.
+func queuedPrompts(ctx context.Context, hist History, after session.Seq) ([]session.Prompt, error) {
+	raw, err := hist.LastOfKind(ctx, session.KindMessage)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	var head struct {
+		Seq session.Seq `json:"seq"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("decode last message: %w", err)
+	}
+	lastMsg := head.Seq
+	var queue []session.Prompt
+	for after < lastMsg {
+		evs, more, err := hist.Range(ctx, after, maxHistoryLimit, session.DefaultHistoryMaxBytes)
+		if err != nil {
+			return nil, err
+		}
+		for _, raw := range evs {
+			var ev struct {
+				Seq  session.Seq         `json:"seq"`
+				Kind session.Kind        `json:"kind"`
+				By   string              `json:"by"`
+				Data session.MessageData `json:"data"`
+			}
+			if err := json.Unmarshal(raw, &ev); err != nil {
+				return nil, fmt.Errorf("decode event after %d: %w", after, err)
+			}
+			after = ev.Seq
+			if ev.Kind == session.KindMessage {
+				queue = append(queue, session.Prompt{Seq: ev.Seq, Text: ev.Data.Text, By: ev.By})
+			}
+		}
+		if !more || len(evs) == 0 {
+			break
+		}
+	}
+	return queue, nil
 }
 
 func (s *sessionActor) takeHandoff() *handoff {
@@ -495,6 +602,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 			s.log.Warn("activate session", "err", ho.err)
 		}
 		rep := errorReply(ho.err)
+		s.openErr = ho.err
 		if s.creator != nil {
 			respond(s.creator.msg, rep)
 			s.creator = nil
@@ -503,6 +611,10 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 			respond(p.msg, rep)
 		}
 		s.waiting = nil
+		for _, c := range s.early {
+			respond(c.msg, rep)
+		}
+		s.early = nil
 		s.phase = phasePassivating
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 		return
@@ -511,11 +623,15 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	s.hist, s.sub = ho.hist, ho.sub
 	s.meta, s.metaNext = ho.open.meta, ho.open.meta
 	s.durable, s.nextSeq = ho.open.last, ho.open.last+1
+	s.maxData = maxEventData(s.h.cfg.NATS)
 	s.turns.Restore(ho.open.lastTurn)
+	for _, p := range ho.open.queue {
+		s.turns.Enqueue(p)
+	}
 	s.sandboxState = ho.open.sandbox
 	s.committer = s.startCommitter(s.hist)
 	s.phase = phaseActive
-	s.h.catalog.put(s.catalogEntry(session.StateActive))
+	s.putCatalog()
 	s.log.Debug("session active", "last_seq", s.durable)
 	if s.creator != nil {
 		s.answerPlace(s.creator)
@@ -526,6 +642,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	for _, c := range early {
 		s.onCmd(c)
 	}
+	s.maybeStartTurn()
 }
 
 func (s *sessionActor) answerWaiting() {
@@ -635,14 +752,22 @@ func (s *sessionActor) close(ctx proto.Context) {
 	s.phase = phaseClosing
 	hist, c := s.hist, s.committer
 	s.committer = nil
-	entry := s.catalogEntry(session.StateHibernated)
+	s.stopCatalogTimer()
+	// A session stopped by a closing host with prompts still queued stays
+	// active in the catalog: the next Start resumes it.
+	state := session.StateHibernated
+	if s.turns.Queued() > 0 {
+		state = session.StateActive
+	}
+	entry := s.catalogEntry(state)
 	s.spawn(func() {
 		s.readsWG.Wait()
 		c.stop()
-		s.h.catalog.put(entry)
 		if err := hist.Close(); err != nil {
 			s.log.Warn("close history", "err", err)
 		}
+		// Hibernated means the file is closed (and checkpointed).
+		s.h.catalog.put(entry)
 		s.send(&closedMsg{})
 	})
 	s.hist = nil
@@ -688,6 +813,7 @@ func (s *sessionActor) maybeShutdown() {
 // committer's queue is closed.
 func (s *sessionActor) teardownNow(why string) {
 	s.stopIdle()
+	s.stopCatalogTimer()
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 		s.sub = nil

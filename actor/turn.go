@@ -512,7 +512,7 @@ func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) 
 func (s *sessionActor) setSandboxState(state session.SandboxState, detail string) {
 	s.sandboxState = state
 	s.emit(session.KindSandbox, session.BySystem, mustMarshal(session.SandboxData{State: state, Detail: detail}), nil)
-	s.h.catalog.put(s.catalogEntry(session.StateActive))
+	s.putCatalog()
 }
 
 func (s *sessionActor) onTurnEvent(m *turnEvent) {
@@ -568,6 +568,14 @@ func (s *sessionActor) onTurnExited(m *turnExited) {
 	}
 	s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
 		Turn: m.r.turn, Status: m.status, ExitCode: m.code, DurationMS: m.duration.Milliseconds(),
-	}), nil)
+	}), s.turnFinishedDurable)
 	s.maybeStartTurn()
+}
+
+// turnFinishedDurable updates the catalog once a turn_finished is durable,
+// so listings show the end of every turn at once.
+func (s *sessionActor) turnFinishedDurable(err error) {
+	if err == nil && s.phase != phaseDeleting {
+		s.putCatalog()
+	}
 }
