@@ -233,12 +233,19 @@ func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command)
 }
 
 func (s *sessionActor) opHistory(msg *nats.Msg, c *session.Command) {
+	// The committer publishes an event as soon as it is durable and tells
+	// the actor afterwards, so a client may resume from an event the actor
+	// has not yet counted. The history's own last seq is already past it.
+	last := s.durable
+	if l, err := s.hist.LastSeq(context.Background()); err == nil && l > last {
+		last = l
+	}
 	switch {
 	case c.After < 0:
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "after must not be negative")))
 		return
-	case c.After > s.durable:
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "after %d is beyond the last event %d", c.After, s.durable)))
+	case c.After > last:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "after %d is beyond the last event %d", c.After, last)))
 		return
 	case c.Limit < 0 || c.MaxBytes < 0:
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "limit and max_bytes must not be negative")))
@@ -254,7 +261,7 @@ func (s *sessionActor) opHistory(msg *nats.Msg, c *session.Command) {
 	}
 	s.readsWG.Add(1)
 	job := readJob{
-		hist: s.hist, msg: msg, after: c.After, lastSeq: s.durable,
+		hist: s.hist, msg: msg, after: c.After, lastSeq: last,
 		limit: min(limit, maxHistoryLimit), max: maxBytes, epoch: s.meta.Epoch,
 		done: s.readsWG.Done,
 	}

@@ -195,7 +195,11 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 		s.touched = true
 		s.onPlace(ctx, m)
 	case *cmdMsg:
-		s.touched = true
+		// Reads (info, history) do not keep a session awake: a client
+		// polling GET /v1/sessions/{id} must not defeat hibernation.
+		if op := m.cmd.Op; op != session.OpInfo && op != session.OpHistory {
+			s.touched = true
+		}
 		s.onCmd(m)
 	case *shutdownSession:
 		s.onShutdown(ctx)
