@@ -81,7 +81,9 @@ func (c cgroup) procs() ([]int, error) {
 		return nil, nil
 	}
 	b, err := os.ReadFile(filepath.Join(ds[0], "cgroup.procs"))
-	if errors.Is(err, fs.ErrNotExist) {
+	// A cgroup removed while we read it (its last process exited and Wait
+	// cleaned it up) answers ENODEV rather than ENOENT: it has no processes.
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
 		return nil, nil
 	}
 	if err != nil {
