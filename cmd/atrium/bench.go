@@ -15,7 +15,6 @@ import (
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/bench"
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
-	"github.com/atriumhq/atrium/session"
 )
 
 func newBenchCmd(env *cliEnv) *cobra.Command {
@@ -26,6 +25,8 @@ func newBenchCmd(env *cliEnv) *cobra.Command {
 		unsafe     bool
 		verbose    bool
 		cpuProfile string
+		memProfile string
+		rampSteps  int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -36,7 +37,8 @@ protocol, as real clients would:
 
   fanout  one session, N WebSocket watchers: commit-to-receive latency at a
           steady rate, then the highest sustained deliveries/s (events ×
-          watchers) with p99 ≤ 100 ms; the same through raw NATS for comparison
+          watchers) with p99 ≤ 100 ms, and the server's CPU per delivery; the
+          same through raw NATS for comparison
   append  acknowledged (durable) events/s into one session, over REST and
           over WebSocket
   wake    prompt → ack of a hibernated session
@@ -44,8 +46,9 @@ protocol, as real clients would:
           process), goroutines/open files/RSS per hibernated session
   resume  replay of a long history to a client reconnecting with after=0
 
-Prints a table of median and p99 per measure with its target; progress goes
-to stderr. The default run takes under two minutes. The figures are recorded
+Watchers run in a child process (this binary, re-executed), so the server's
+CPU time and memory are measured alone. Prints a table of median and p99 per
+measure with its target; progress goes to stderr. The default run takes under two minutes. The figures are recorded
 in docs/benchmarks.md.`,
 		Example: `  atrium bench
   atrium bench --scenarios fanout --watchers 2000 --duration 10s
@@ -59,6 +62,10 @@ in docs/benchmarks.md.`,
 						cfg.Scenarios = append(cfg.Scenarios, s)
 					}
 				}
+			}
+			cfg.MaxRampSteps = rampSteps
+			if rampSteps <= 0 {
+				cfg.MaxRampSteps = -1
 			}
 			if limit, err := bench.RaiseFileLimit(); err != nil {
 				fmt.Fprintf(env.stderr, "bench: %v; large runs may fail with 'too many open files'\n", err)
@@ -105,6 +112,11 @@ in docs/benchmarks.md.`,
 			if err != nil {
 				return err
 			}
+			if memProfile != "" {
+				if err := writeAllocProfile(memProfile); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				enc := json.NewEncoder(env.stdout)
 				enc.SetIndent("", "  ")
@@ -121,11 +133,14 @@ in docs/benchmarks.md.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&scenarios, "scenarios", "all", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ","))
+	f.StringVar(&scenarios, "scenarios", "all", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios(), ","))
 	f.IntVar(&cfg.Watchers, "watchers", bench.DefaultWatchers, "WebSocket watchers (and raw NATS subscribers) for fanout and memory")
 	f.DurationVar(&cfg.Duration, "duration", bench.DefaultDuration, "length of each timed phase (fan-out ramp steps last half of it)")
 	f.IntVar(&cfg.Rate, "rate", bench.DefaultRate, "base fan-out rate in events/s; the ramp doubles it")
+	f.IntVar(&rampSteps, "ramp-steps", bench.DefaultMaxRampSteps, "most doublings of the fan-out rate when searching for the maximum (0: no search)")
 	f.IntVar(&cfg.Senders, "senders", bench.DefaultSenders, "concurrent REST senders for append and for filling the resume history")
+	f.StringSliceVar(&cfg.AppendVia, "append-via", []string{"rest", "ws"}, "append runs: rest (concurrent POSTs), ws (prompts over WebSockets)")
+	f.IntVar(&cfg.WSConns, "ws-conns", bench.DefaultWSConns, "WebSockets of the ws append run (each also receives every event)")
 	f.IntVar(&cfg.WakeSamples, "wake-samples", bench.DefaultWakeSamples, "hibernated sessions woken one at a time")
 	f.IntVar(&cfg.Sessions, "sessions", bench.DefaultSessions, "sessions hibernated by the memory scenario")
 	f.IntVar(&cfg.ResumeEvents, "resume-events", bench.DefaultResumeEvents, "history length replayed by the resume scenario")
@@ -133,33 +148,38 @@ in docs/benchmarks.md.`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	f.BoolVar(&unsafe, "unsafe-no-sandbox", false, "run the benchmark harnesses (sleep, true) without bubblewrap")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (server and clients) to this file")
+	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "show the servers' debug logs")
 	cmd.AddCommand(newBenchWatchersCmd(env))
 	return cmd
 }
 
-// newBenchWatchersCmd is the hidden child process of the memory scenario:
-// it holds the idle watchers so that the parent measures only the server.
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create allocation profile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("write allocation profile: %w", err)
+	}
+	return f.Close()
+}
+
+// newBenchWatchersCmd is the hidden child process of the fan-out and memory
+// scenarios: it holds the receivers so that the parent process measures only
+// the server. It is driven by commands on stdin (see bench.RunWatchers).
 func newBenchWatchersCmd(env *cliEnv) *cobra.Command {
-	var wc bench.WatcherChild
-	var id string
-	cmd := &cobra.Command{
+	return &cobra.Command{
 		Use:    "watchers",
-		Short:  "Hold idle WebSocket watchers for the memory benchmark (internal)",
+		Short:  "Hold WebSocket and NATS receivers for the benchmarks (internal)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := bench.RaiseFileLimit(); err != nil {
 				fmt.Fprintln(env.stderr, "bench watchers:", err)
 			}
-			wc.Session = session.ID(id)
-			return bench.RunWatchers(cmd.Context(), wc, env.stdin, env.stdout)
+			return bench.RunWatchers(cmd.Context(), env.stdin, env.stdout)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&wc.URL, "url", "", "server URL")
-	f.StringVar(&id, "session", "", "session to watch")
-	f.StringVar(&wc.User, "user", "watcher", "dev user of the watchers")
-	f.Int64Var(&wc.After, "after", 0, "resume point of the watchers")
-	return cmd
 }

@@ -45,6 +45,7 @@ acknowledged event is on disk, files are closed.`,
 	f.StringVar(&cfg.DataDir, "data", server.DefaultDataDir, "directory for session histories, workspaces and NATS state")
 	f.DurationVar(&cfg.HibernateAfter, "hibernate-after", server.DefaultHibernateAfter, "idle time after which a session hibernates (closes its files and stops its actor)")
 	f.DurationVar(&cfg.TurnTimeout, "turn-timeout", server.DefaultTurnTimeout, "longest a turn may run before it is stopped with status timeout")
+	f.DurationVar(&cfg.CancelGrace, "cancel-grace", 5*time.Second, "time a cancelled turn gets between SIGTERM and SIGKILL")
 	f.BoolVar(&cfg.UnsafeNoSandbox, "unsafe-no-sandbox", false, "run harnesses without bubblewrap isolation (only if you trust every prompt)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd

@@ -26,8 +26,8 @@ func (r *runner) append(ctx context.Context) (_ []Result, err error) {
 	defer func() { err = errors.Join(err, d.close(ctx)) }()
 
 	var out []Result
-	for _, mode := range []string{"rest", "ws"} {
-		s, err := d.c.createSession(ctx, "bench append "+mode, holdTurn)
+	for _, mode := range r.cfg.AppendVia {
+		s, err := d.c.createSession(ctx, "bench append "+mode, holdTurn())
 		if err != nil {
 			return out, err
 		}
@@ -40,7 +40,7 @@ func (r *runner) append(ctx context.Context) (_ []Result, err error) {
 			run = r.appendWS
 			measure = fmt.Sprintf("durable append, WebSocket, %d conns × %d in flight", r.cfg.WSConns, r.cfg.WSWindow)
 		}
-		if _, _, err := run(ctx, d.c, s.ID, time.Second); err != nil { // warm-up
+		if _, _, err := run(ctx, d.c, s.ID, min(time.Second, r.cfg.Duration)); err != nil { // warm-up
 			return out, err
 		}
 		r.progress("append %s: sending for %s", mode, r.cfg.Duration)
@@ -129,10 +129,9 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 		wg.Go(func() { // reader
 			defer close(done)
 			err := w.readLoop(func(frame []byte) {
-				var cid string
+				cid, _, isAck := parseAckFrame(frame)
 				switch {
-				case bytes.HasPrefix(frame, []byte(`{"type":"ack"`)):
-					cid = scanString(frame, `"client_id":"`)
+				case isAck:
 				case bytes.HasPrefix(frame, []byte(`{"type":"error"`)):
 					var ef session.ErrorFrame
 					_ = json.Unmarshal(frame, &ef)
@@ -191,18 +190,4 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 		firstErr = ctx.Err()
 	}
 	return h, acked.Load(), firstErr
-}
-
-// scanString returns the JSON string after key (no escapes expected).
-func scanString(b []byte, key string) string {
-	i := bytes.Index(b, []byte(key))
-	if i < 0 {
-		return ""
-	}
-	b = b[i+len(key):]
-	j := bytes.IndexByte(b, '"')
-	if j < 0 {
-		return ""
-	}
-	return string(b[:j])
 }

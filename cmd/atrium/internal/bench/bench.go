@@ -22,11 +22,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
 )
 
 // Scenario names, in the order they run.
@@ -38,8 +38,10 @@ const (
 	ScenarioResume = "resume"
 )
 
-// Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioMemory, ScenarioResume}
+// Scenarios returns every scenario name in run order.
+func Scenarios() []string {
+	return []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioMemory, ScenarioResume}
+}
 
 // Defaults of Config.
 const (
@@ -48,7 +50,7 @@ const (
 	DefaultRate         = 100
 	DefaultSenders      = 64
 	DefaultWSConns      = 8
-	DefaultWSWindow     = 32
+	DefaultWSWindow     = 16
 	DefaultWakeSamples  = 200
 	DefaultSessions     = 500
 	DefaultResumeEvents = 10000
@@ -83,7 +85,7 @@ type StartFunc func(ctx context.Context, o ServerOptions) (Server, error)
 type Config struct {
 	// Start starts each scenario's deployment. Required.
 	Start StartFunc
-	// Scenarios to run, from Scenarios; empty means all.
+	// Scenarios to run, from Scenarios(); empty means all.
 	Scenarios []string
 	// Watchers is the number of WebSocket watchers (and raw NATS
 	// subscribers) of the fan-out and memory scenarios.
@@ -93,11 +95,14 @@ type Config struct {
 	Duration time.Duration
 	// Rate is the base event rate of the fan-out, events per second.
 	Rate int
-	// MaxRampSteps bounds the doublings of the fan-out rate.
+	// MaxRampSteps bounds the doublings of the fan-out rate; negative
+	// skips the ramp.
 	MaxRampSteps int
 	// Senders is the number of concurrent REST senders of the append
 	// scenario.
 	Senders int
+	// AppendVia lists the append runs: "rest", "ws"; empty means both.
+	AppendVia []string
 	// WSConns and WSWindow shape the WebSocket append run: that many
 	// connections, each keeping WSWindow prompts in flight.
 	WSConns, WSWindow int
@@ -115,10 +120,11 @@ type Config struct {
 	// Sandboxed says whether Start's deployments run harnesses under
 	// bubblewrap; it is recorded in the report.
 	Sandboxed bool
-	// Child returns the command that runs RunWatchers in a child process
-	// with the given arguments (the memory scenario keeps its watchers
-	// there so that only the server's memory is measured). Nil skips the
-	// per-watcher memory measure.
+	// Child returns the command that runs RunWatchers in a child process.
+	// The fan-out and memory scenarios keep their receivers there, so that
+	// this process's CPU time and memory are the server's alone. Nil keeps
+	// fan-out receivers in this process and skips the per-watcher memory
+	// measure.
 	Child func(ctx context.Context, args ...string) *exec.Cmd
 	// Progress receives a line for each step that takes more than a
 	// moment; nil discards them.
@@ -132,16 +138,24 @@ func (c *Config) fill() error {
 		return errors.New("bench: Config.Start is required")
 	}
 	if len(c.Scenarios) == 0 {
-		c.Scenarios = Scenarios
+		c.Scenarios = Scenarios()
 	}
 	for _, s := range c.Scenarios {
-		if !slices.Contains(Scenarios, s) {
-			return fmt.Errorf("unknown scenario %q: choose from %s", s, strings.Join(Scenarios, ","))
+		if !slices.Contains(Scenarios(), s) {
+			return fmt.Errorf("unknown scenario %q: choose from %s", s, strings.Join(Scenarios(), ","))
 		}
 	}
 	def := func(p *int, d int) {
 		if *p == 0 {
 			*p = d
+		}
+	}
+	if len(c.AppendVia) == 0 {
+		c.AppendVia = []string{"rest", "ws"}
+	}
+	for _, v := range c.AppendVia {
+		if v != "rest" && v != "ws" {
+			return fmt.Errorf("unknown append mode %q: choose rest or ws", v)
 		}
 	}
 	def(&c.Watchers, DefaultWatchers)
@@ -157,7 +171,7 @@ func (c *Config) fill() error {
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
-	for _, v := range []int{c.Watchers, c.Rate, c.MaxRampSteps, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.Sessions, c.ResumeEvents, c.ResumeRuns} {
+	for _, v := range []int{c.Watchers, c.Rate, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.Sessions, c.ResumeEvents, c.ResumeRuns} {
 		if v < 0 {
 			return errors.New("sizes must be positive")
 		}
@@ -226,6 +240,9 @@ type Machine struct {
 	OS        string `json:"os"`
 	Kernel    string `json:"kernel"`
 	GoVersion string `json:"go_version"`
+	// LoadAvg is the 1-minute load average when the run started: figures
+	// taken while other work competes for the CPUs are not comparable.
+	LoadAvg float64 `json:"load_avg"`
 }
 
 // Failed reports whether any measure could not be taken.
@@ -265,7 +282,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			ResumeEvents: cfg.ResumeEvents, Sandbox: cfg.Sandboxed,
 		},
 	}
-	for _, name := range Scenarios {
+	if l := rep.Machine.LoadAvg; l > 0.5*float64(rep.Machine.CPUs) {
+		r.progress("WARNING: load average %.2f on %d CPUs: other work is running and will distort the figures", l, rep.Machine.CPUs)
+	}
+	for _, name := range Scenarios() {
 		if !slices.Contains(cfg.Scenarios, name) {
 			continue
 		}
@@ -357,19 +377,20 @@ func (d *deployment) close(ctx context.Context) error {
 // sessions it creates, so it may watch and prompt them.
 const benchUser = "bench"
 
-// Harnesses of the benchmark sessions. holdTurn's first turn never ends, so
-// every later prompt only queues: one prompt is exactly one message event
-// and no process starts per prompt. quickTurn runs a process that exits at
-// once.
-var (
-	holdTurn  = []string{"sleep", "86400"}
-	quickTurn = []string{"true"}
-)
+// holdTurn is the harness of sessions that take many prompts: its first
+// turn never ends, so every later prompt only queues and makes exactly one
+// message event, and no process starts per prompt.
+func holdTurn() []string { return []string{"sleep", "86400"} }
+
+// quickTurn is the harness of sessions that are prompted once or twice: a
+// process that exits at once.
+func quickTurn() []string { return []string{"true"} }
 
 // WriteTable writes the results as an aligned text table.
 func (r *Report) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, "atrium bench — %s, %d CPUs (%s), %s, %s\n\n", r.Date.Format("2006-01-02"), r.Machine.CPUs, r.Machine.CPUModel, r.Machine.OS, r.Machine.GoVersion)
+	fmt.Fprintf(bw, "atrium bench — %s, %d CPUs (%s), %s, %s, load average %.2f at start\n\n",
+		r.Date.Format("2006-01-02"), r.Machine.CPUs, r.Machine.CPUModel, r.Machine.OS, r.Machine.GoVersion, r.Machine.LoadAvg)
 	rows := [][]string{{"SCENARIO", "MEASURE", "MEDIAN", "P99", "RESULT", "TARGET", "MET"}}
 	var notes []string
 	for _, res := range r.Results {
@@ -438,6 +459,8 @@ func fmtValue(v float64, unit string) string {
 		return fmt.Sprintf("%s %s", fmtCount(v), unit)
 	case "KiB":
 		return fmt.Sprintf("%.1f KiB", v)
+	case "µs":
+		return fmt.Sprintf("%.1f µs", v)
 	case "":
 		return fmt.Sprintf("%.3g", v)
 	default:
@@ -487,6 +510,11 @@ func DescribeMachine() Machine {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "PRETTY_NAME="); ok {
 				m.OS = strings.Trim(v, `"`)
 			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			m.LoadAvg, _ = strconv.ParseFloat(f[0], 64)
 		}
 	}
 	var u syscall.Utsname

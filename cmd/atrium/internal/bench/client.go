@@ -215,14 +215,14 @@ func (w *wsConn) write(ctx context.Context, frame []byte) error {
 
 func (w *wsConn) close() { w.conn.CloseNow() }
 
-var eventPrefix = []byte(`{"type":"event","event":`)
+const eventPrefix = `{"type":"event","event":`
 
 // parseEventFrame extracts an event frame's seq and time. Gateways write
 // frames with session.AppendEventFrame around the node's encoding of
 // session.Event, so a byte scan finds both; anything unusual falls back to a
 // full decode. ok is false for frames that are not events.
 func parseEventFrame(b []byte) (seq session.Seq, t time.Time, ok bool) {
-	if bytes.HasPrefix(b, eventPrefix) {
+	if bytes.HasPrefix(b, []byte(eventPrefix)) {
 		ev := b[len(eventPrefix):]
 		if s, ok1 := scanInt(ev, `"seq":`); ok1 {
 			if ts, ok2 := scanTime(ev); ok2 {
@@ -245,16 +245,36 @@ func parseEventFrame(b []byte) (seq session.Seq, t time.Time, ok bool) {
 	return f.Event.Seq, f.Event.Time.Time, true
 }
 
-// parseAckFrame extracts an ack frame's seq.
-func parseAckFrame(b []byte) (session.Seq, bool) {
-	if !bytes.HasPrefix(b, []byte(`{"type":"ack"`)) {
-		var f session.AckFrame
-		if json.Unmarshal(b, &f) != nil || f.Type != session.FrameAck {
-			return 0, false
+// parseAckFrame extracts an ack frame's client_id and seq; ok is false for
+// other frames.
+func parseAckFrame(b []byte) (clientID string, seq session.Seq, ok bool) {
+	if bytes.HasPrefix(b, []byte(`{"type":"ack"`)) {
+		if s, ok := scanInt(b, `"seq":`); ok {
+			return scanString(b, `"client_id":"`), s, true
 		}
-		return f.Seq, true
 	}
-	return scanInt(b, `"seq":`)
+	if !bytes.Contains(b, []byte(`"ack"`)) {
+		return "", 0, false
+	}
+	var f session.AckFrame
+	if json.Unmarshal(b, &f) != nil || f.Type != session.FrameAck {
+		return "", 0, false
+	}
+	return f.ClientID, f.Seq, true
+}
+
+// scanString returns the JSON string after key (no escapes expected).
+func scanString(b []byte, key string) string {
+	i := bytes.Index(b, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	b = b[i+len(key):]
+	j := bytes.IndexByte(b, '"')
+	if j < 0 {
+		return ""
+	}
+	return string(b[:j])
 }
 
 // scanInt returns the integer after the first occurrence of key.

@@ -49,14 +49,16 @@ func TestParseEventFrame(t *testing.T) {
 
 func TestParseAckFrame(t *testing.T) {
 	b, _ := json.Marshal(session.AckFrame{Type: session.FrameAck, ClientID: "c-1", Seq: 99})
-	if seq, ok := parseAckFrame(b); !ok || seq != 99 {
-		t.Fatalf("parseAckFrame(%s) = %d, %v", b, seq, ok)
+	if cid, seq, ok := parseAckFrame(b); !ok || seq != 99 || cid != "c-1" {
+		t.Fatalf("parseAckFrame(%s) = %q, %d, %v", b, cid, seq, ok)
 	}
-	if got := scanString(b, `"client_id":"`); got != "c-1" {
-		t.Fatalf("client_id = %q", got)
+	if cid, seq, ok := parseAckFrame([]byte(`{"seq":7,"client_id":"x","type":"ack"}`)); !ok || seq != 7 || cid != "x" {
+		t.Fatalf("reordered ack = %q, %d, %v", cid, seq, ok)
 	}
-	if _, ok := parseAckFrame([]byte(`{"type":"error","code":"forbidden"}`)); ok {
-		t.Fatal("an error frame parsed as an ack")
+	for _, f := range []string{`{"type":"error","code":"forbidden"}`, string(eventFrame(t, 3, time.Now()))} {
+		if _, _, ok := parseAckFrame([]byte(f)); ok {
+			t.Fatalf("%s parsed as an ack", f)
+		}
 	}
 }
 

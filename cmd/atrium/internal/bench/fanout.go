@@ -25,41 +25,13 @@ const (
 	restProducerConns = 32
 )
 
-// sink collects what every receiver of a fan-out phase saw.
-type sink struct {
-	hist      atomic.Pointer[Histogram] // the current phase's latencies
-	delivered atomic.Int64
-	gaps      atomic.Int64
-}
-
-// receiver is one watcher (WebSocket) or subscriber (raw NATS).
-type receiver struct {
-	last   atomic.Int64 // highest seq received
-	closed atomic.Bool  // the connection ended
-}
-
-// onFrame records an event frame's commit-to-receive latency.
-func (r *receiver) onFrame(s *sink, frame []byte) {
-	seq, t, ok := parseEventFrame(frame)
-	if !ok {
-		return
-	}
-	now := time.Now()
-	s.hist.Load().Record(now.Sub(t))
-	s.delivered.Add(1)
-	if last := r.last.Load(); last != 0 && seq != last+1 {
-		s.gaps.Add(1)
-	}
-	r.last.Store(seq)
-}
-
 // fanSide is one system under fan-out test: Atrium over WebSocket or raw
 // NATS.
 type fanSide struct {
-	name      string
-	receivers []*receiver
-	sink      *sink
-	prod      producer
+	name string
+	set  receiverSet
+	n    int // receivers opened
+	prod producer
 }
 
 // producer creates events at the pace's command.
@@ -75,42 +47,48 @@ type producer interface {
 	errors() int64
 }
 
-func (f *fanSide) live() int {
-	n := 0
-	for _, r := range f.receivers {
-		if !r.closed.Load() {
-			n++
-		}
-	}
-	return n
-}
-
-// caughtUp reports whether every live receiver has seq.
-func (f *fanSide) caughtUp(seq int64) bool {
-	for _, r := range f.receivers {
-		if !r.closed.Load() && r.last.Load() < seq {
-			return false
-		}
-	}
-	return true
-}
-
 // phase is the outcome of one fan-out phase at one rate.
 type phase struct {
 	rate        int
 	hist        *Histogram
 	events      int64         // events committed during the phase
+	nominal     time.Duration // the phase length asked for
 	elapsed     time.Duration // send window
+	delivering  time.Duration // from the start until every receiver caught up
 	delivered   int64
 	expected    int64
-	dropped     int  // events the producer could not take
+	dropped     int // events the producer could not take
 	errs        int64
+	gaps        int64
 	lost        int  // receivers that disconnected during the phase
 	drained     bool // every live receiver caught up within drainTimeout
 	achievedEPS float64
+	// serverCPU is this process's CPU time during the phase; clientCPU the
+	// receiver process's (zero when the receivers live in this process).
+	serverCPU, clientCPU time.Duration
 }
 
-func (p phase) deliveriesPerSec() float64 { return float64(p.delivered) / p.elapsed.Seconds() }
+// cpuNote describes the CPU cost per delivery.
+func (p phase) cpuNote() string {
+	if p.delivered == 0 {
+		return ""
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(p.delivered) }
+	if p.clientCPU == 0 {
+		return fmt.Sprintf("CPU %.1f µs/delivery (server and receivers in one process)", per(p.serverCPU))
+	}
+	return fmt.Sprintf("server CPU %.1f µs/delivery, receivers %.1f µs/delivery", per(p.serverCPU), per(p.clientCPU))
+}
+
+// deliveriesPerSec is the delivery rate: over the nominal phase length
+// when every delivery arrived in time (the phase is sustained), else over
+// the time it took to deliver everything, backlog included.
+func (p phase) deliveriesPerSec() float64 {
+	if ok, _ := p.sustained(rampP99Limit); ok {
+		return float64(p.delivered) / p.nominal.Seconds()
+	}
+	return float64(p.delivered) / max(p.elapsed, p.delivering).Seconds()
+}
 
 // sustained reports whether the phase kept up: latency within limit, every
 // event delivered to every receiver, and the producer kept its pace.
@@ -118,6 +96,8 @@ func (p phase) sustained(limit time.Duration) (bool, string) {
 	switch {
 	case p.lost > 0:
 		return false, fmt.Sprintf("%d receivers disconnected", p.lost)
+	case p.gaps > 0:
+		return false, fmt.Sprintf("%d seq gaps", p.gaps)
 	case !p.drained || p.delivered < p.expected:
 		return false, fmt.Sprintf("delivered %d of %d", p.delivered, p.expected)
 	case p.errs > 0:
@@ -133,11 +113,15 @@ func (p phase) sustained(limit time.Duration) (bool, string) {
 // runPhase produces events at rate for d and waits for every receiver to
 // catch up.
 func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Duration) (phase, error) {
-	h := NewHistogram()
-	f.sink.hist.Store(h)
-	live0 := f.live()
+	if err := f.set.startPhase(); err != nil {
+		return phase{}, err
+	}
+	st0, err := f.set.status()
+	if err != nil {
+		return phase{}, err
+	}
+	cpu0 := processCPU()
 	seq0 := f.prod.lastSeq()
-	del0 := f.sink.delivered.Load()
 	err0 := f.prod.errors()
 	start := time.Now()
 	fired, dropped, err := pace(ctx, rate, d, f.prod.fire)
@@ -149,22 +133,43 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 		return phase{}, err
 	}
 	seq1 := f.prod.lastSeq()
-	drained := pollUntil(ctx, drainTimeout, 5*time.Millisecond, func() bool { return f.caughtUp(seq1) })
-	live1 := f.live()
+	var stErr error
+	drained := pollUntil(ctx, drainTimeout, 2*time.Millisecond, func() bool {
+		st, err := f.set.status()
+		if err != nil {
+			stErr = err
+			return true
+		}
+		return st.Live == 0 || st.MinLast >= seq1
+	})
+	delivering := time.Since(start)
+	cpu1 := processCPU()
+	st1, err := f.set.status()
+	if err = errors.Join(stErr, err); err != nil {
+		return phase{}, err
+	}
+	h, err := f.set.histogram()
+	if err != nil {
+		return phase{}, err
+	}
 	p := phase{
-		rate:      rate,
-		hist:      h,
-		events:    seq1 - seq0,
-		elapsed:   elapsed,
-		delivered: f.sink.delivered.Load() - del0,
-		expected:  (seq1 - seq0) * int64(live1),
-		dropped:   dropped,
-		errs:      f.prod.errors() - err0,
-		lost:      live0 - live1,
-		drained:   drained,
+		rate:       rate,
+		hist:       h,
+		events:     seq1 - seq0,
+		nominal:    d,
+		elapsed:    elapsed,
+		delivering: delivering,
+		delivered:  st1.Delivered - st0.Delivered,
+		expected:   (seq1 - seq0) * int64(st1.Live),
+		dropped:    dropped,
+		errs:       f.prod.errors() - err0,
+		gaps:       st1.Gaps - st0.Gaps,
+		lost:       st0.Live - st1.Live,
+		drained:    drained,
+		serverCPU:  cpu1 - cpu0,
+		clientCPU:  st1.CPU - st0.CPU,
 	}
 	p.achievedEPS = float64(fired-int(p.errs)) / elapsed.Seconds()
-	_ = fired
 	return p, ctx.Err()
 }
 
@@ -214,41 +219,74 @@ func pollUntil(ctx context.Context, timeout, interval time.Duration, cond func()
 	}
 }
 
-// ramp raises the rate from base, doubling, until a step is not
-// sustained, then tries once halfway between the last good and the first
-// bad rate. It returns the best sustained phase (ok=false if none) and why
-// the ramp stopped.
-func (r *runner) ramp(ctx context.Context, f *fanSide, base int) (best phase, ok bool, stop string, err error) {
-	stepDur := max(r.cfg.Duration/2, time.Second)
+// ramp finds the highest sustained rate. Starting from the base phase, it
+// doubles the rate until a step is not sustained and then tries once halfway
+// between the last good and the first bad rate; if the base rate itself is
+// not sustained it halves instead, down to a few steps. It returns the best
+// sustained phase (ok=false if none) and why the ramp stopped.
+func (r *runner) ramp(ctx context.Context, f *fanSide, base phase) (best phase, ok bool, stop string, err error) {
+	stepDur := max(r.cfg.Duration/2, 250*time.Millisecond)
+	consider := func(p phase) bool {
+		good, why := p.sustained(rampP99Limit)
+		status := "sustained"
+		if !good {
+			status = "NOT sustained: " + why
+			stop = fmt.Sprintf("%d events/s: %s", p.rate, why)
+		}
+		r.progress("fanout %s: %5d events/s → %s deliveries/s, p50 %s p99 %s, %s", f.name, p.rate,
+			fmtCount(p.deliveriesPerSec()), fmtMS(ms(p.hist.Quantile(0.5))), fmtMS(ms(p.hist.Quantile(0.99))), status)
+		if good && (!ok || p.deliveriesPerSec() > best.deliveriesPerSec()) {
+			best, ok = p, true
+		}
+		return good
+	}
 	try := func(rate int) (bool, error) {
 		p, err := r.runPhase(ctx, f, rate, stepDur)
 		if err != nil {
 			return false, err
 		}
-		good, why := p.sustained(rampP99Limit)
-		status := "sustained"
-		if !good {
-			status = "NOT sustained: " + why
-			stop = fmt.Sprintf("%d events/s: %s", rate, why)
-		}
-		r.progress("fanout %s: %5d events/s → %s deliveries/s, p50 %s p99 %s, %s", f.name, rate,
-			fmtCount(p.deliveriesPerSec()), fmtMS(ms(p.hist.Quantile(0.5))), fmtMS(ms(p.hist.Quantile(0.99))), status)
-		if good && (!ok || p.deliveriesPerSec() > best.deliveriesPerSec()) {
-			best, ok = p, true
-		}
-		return good, nil
+		return consider(p), nil
 	}
-	rate := base
-	lastGood := 0
-	for step := 0; step < r.cfg.MaxRampSteps; step++ {
+	intact := func() bool {
+		st, err := f.set.status()
+		return err == nil && st.Live == f.n
+	}
+	if r.cfg.MaxRampSteps < 0 {
+		return best, false, "ramp skipped", nil
+	}
+	if !consider(base) {
+		// Below the base rate, halving.
+		for rate, step := base.rate/2, 0; rate > 0 && step < 3 && intact(); rate, step = rate/2, step+1 {
+			good, err := try(rate)
+			if err != nil || good {
+				return best, ok, stop, err
+			}
+		}
+		return best, ok, stop, nil
+	}
+	lastGood, rate := base.rate, base.rate*2
+	for step := 0; step < r.cfg.MaxRampSteps && intact(); step++ {
 		good, err := try(rate)
 		if err != nil {
 			return best, ok, stop, err
 		}
 		if !good {
-			if lastGood > 0 && f.live() == len(f.receivers) {
-				if _, err := try((lastGood + rate) / 2); err != nil {
+			// Two steps of bisection between the last good and the
+			// first bad rate.
+			lo, hi := lastGood, rate
+			for range 2 {
+				mid := (lo + hi) / 2
+				if mid <= lo || !intact() {
+					break
+				}
+				good, err := try(mid)
+				if err != nil {
 					return best, ok, stop, err
+				}
+				if good {
+					lo = mid
+				} else {
+					hi = mid
 				}
 			}
 			return best, ok, stop, nil
@@ -269,8 +307,19 @@ func (r *runner) fanout(ctx context.Context) ([]Result, error) {
 	out = append(out, ws.rows...)
 	out = append(out, nt.rows...)
 	if ws.base != nil && nt.base != nil {
-		out[0].Note = joinNote(out[0].Note, fmt.Sprintf("raw NATS p99 %s: Atrium/NATS = %.1f×",
-			fmtMS(ms(nt.base.Quantile(0.99))), float64(ws.base.Quantile(0.99))/float64(max(nt.base.Quantile(0.99), 1))))
+		wp, np := ws.base.hist.Quantile(0.99), nt.base.hist.Quantile(0.99)
+		out[0].Note = joinNote(out[0].Note, fmt.Sprintf("raw NATS p99 %s: Atrium/NATS = %.1f×", fmtMS(ms(np)), float64(wp)/float64(max(np, 1))))
+		cpu := Result{Scenario: ScenarioFanout, Measure: fmt.Sprintf("server CPU per delivery at %d ev/s (WebSocket)", r.cfg.Rate), Unit: "µs"}
+		if ws.base.delivered > 0 && nt.base.delivered > 0 {
+			w := float64(ws.base.serverCPU) / float64(time.Microsecond) / float64(ws.base.delivered)
+			n := float64(nt.base.serverCPU) / float64(time.Microsecond) / float64(nt.base.delivered)
+			cpu.Value = w
+			cpu.Note = fmt.Sprintf("raw nats-server (with the publisher) %.1f µs: Atrium/NATS = %.1f×", n, w/n)
+			if ws.base.clientCPU == 0 {
+				cpu.Note = joinNote(cpu.Note, "receivers in the same process: server and receiver CPU are not separated")
+			}
+			out = append(out, cpu)
+		}
 	}
 	if ws.max > 0 && nt.max > 0 {
 		for i := range out {
@@ -299,17 +348,16 @@ func maxMeasure(side string) string {
 // fanOutcome is what one side of the fan-out produced.
 type fanOutcome struct {
 	rows []Result
-	base *Histogram // base-rate latencies
-	max  float64    // best sustained deliveries/s
+	base *phase  // the base-rate phase
+	max  float64 // best sustained deliveries/s
 }
 
 // measureSide runs the base phase and the ramp on f.
 func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanOutcome, error) {
 	var out fanOutcome
-	n := len(f.receivers)
-	// Warm up: connections, buffers, the SQLite file, the JIT-less but
-	// lazily grown Go runtime structures.
-	if _, err := r.runPhase(ctx, f, r.cfg.Rate, time.Second); err != nil {
+	n := f.n
+	// Warm up connections, buffers and lazily grown structures.
+	if _, err := r.runPhase(ctx, f, r.cfg.Rate, min(time.Second, r.cfg.Duration)); err != nil {
 		return out, err
 	}
 	r.progress("fanout %s: %d receivers, %d events/s for %s", f.name, n, r.cfg.Rate, r.cfg.Duration)
@@ -317,7 +365,7 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 	if err != nil {
 		return out, err
 	}
-	out.base = p.hist
+	out.base = &p
 	row := latencyRow(Result{
 		Scenario: ScenarioFanout,
 		Unit:     "ms",
@@ -331,14 +379,14 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 	} else {
 		row.Measure = fmt.Sprintf("publish→receive, %d raw NATS subs, %d ev/s", n, r.cfg.Rate)
 	}
-	row.Note = fmt.Sprintf("%d events, %d deliveries, %d gaps", p.events, p.delivered, f.sink.gaps.Load())
+	row.Note = joinNote(fmt.Sprintf("%d events, %d deliveries, %d gaps", p.events, p.delivered, p.gaps), p.cpuNote())
 	if !good {
 		row.Note = joinNote(row.Note, "not all delivered: "+why)
 	}
 	r.progress("fanout %s: p50 %s p99 %s max %s (%s)", f.name, fmtMS(row.Median), fmtMS(row.P99), fmtMS(ms(p.hist.Max())), row.Note)
 	out.rows = append(out.rows, row)
 
-	best, ok, stop, err := r.ramp(ctx, f, r.cfg.Rate*2)
+	best, ok, stop, err := r.ramp(ctx, f, p)
 	if err != nil {
 		return out, err
 	}
@@ -346,7 +394,7 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 	if ok {
 		mrow = latencyRow(mrow, best.hist)
 		mrow.Value = best.deliveriesPerSec()
-		mrow.Note = fmt.Sprintf("%d ev/s × %d receivers; stopped at %s", best.rate, n, stop)
+		mrow.Note = joinNote(fmt.Sprintf("%d ev/s × %d receivers; ramp stopped: %s", best.rate, n, stop), best.cpuNote())
 		out.max = mrow.Value
 	} else {
 		mrow.Note = "no step sustained: " + stop
@@ -354,9 +402,6 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 	if side == "ws" {
 		mrow.Target = "≥ 100,000/s with p99 ≤ 100 ms"
 		mrow.Met = met(ok && mrow.Value >= deliveriesTarget)
-	}
-	if g := f.sink.gaps.Load(); g > 0 {
-		mrow.Note = joinNote(mrow.Note, fmt.Sprintf("%d seq gaps seen", g))
 	}
 	out.rows = append(out.rows, mrow)
 	return out, nil
@@ -369,7 +414,7 @@ func (r *runner) fanoutAtrium(ctx context.Context) (_ fanOutcome, err error) {
 		return fanOutcome{}, err
 	}
 	defer func() { err = errors.Join(err, d.close(ctx)) }()
-	s, err := d.c.createSession(ctx, "bench fanout", holdTurn)
+	s, err := d.c.createSession(ctx, "bench fanout", holdTurn())
 	if err != nil {
 		return fanOutcome{}, err
 	}
@@ -383,19 +428,17 @@ func (r *runner) fanoutAtrium(ctx context.Context) (_ fanOutcome, err error) {
 		return fanOutcome{}, err
 	}
 
-	f := &fanSide{name: "ws", sink: &sink{}}
-	f.sink.hist.Store(NewHistogram())
-	t0 := time.Now()
-	conns, err := r.openWatchers(ctx, d.c, s.ID, cur.LastSeq, r.cfg.Watchers, f)
-	defer func() {
-		for _, c := range conns {
-			c.close()
-		}
-	}()
+	set, err := r.newReceiverSet(ctx)
 	if err != nil {
 		return fanOutcome{}, err
 	}
-	r.progress("fanout ws: opened %d WebSockets in %s", len(conns), time.Since(t0).Round(time.Millisecond))
+	defer func() { err = errors.Join(err, set.close()) }()
+	t0 := time.Now()
+	if err := set.openWS(ctx, d.srv.URL(), benchUser, s.ID, cur.LastSeq, r.cfg.Watchers); err != nil {
+		return fanOutcome{}, err
+	}
+	r.progress("fanout ws: opened %d WebSockets in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
+	f := &fanSide{name: "ws", set: set, n: r.cfg.Watchers}
 
 	prod := newRESTProducer(d.c, s.ID, restProducerConns)
 	defer prod.close()
@@ -425,7 +468,7 @@ func startHold(ctx context.Context, c *client, id session.ID) error {
 		}
 		s := string(frame)
 		if strings.Contains(s, `"kind":"turn_finished"`) {
-			return fmt.Errorf("the holding turn (%s) ended at once; is the sandbox working? (try --unsafe-no-sandbox): %.300s", strings.Join(holdTurn, " "), s)
+			return fmt.Errorf("the holding turn (%s) ended at once; is the sandbox working? (try --unsafe-no-sandbox): %.300s", strings.Join(holdTurn(), " "), s)
 		}
 		if strings.Contains(s, `"kind":"turn_started"`) {
 			return nil
@@ -433,57 +476,13 @@ func startHold(ctx context.Context, c *client, id session.ID) error {
 	}
 }
 
-// openWatchers dials n WebSockets resuming after seq, adds a receiver per
-// connection to f and starts its reader. The readers end when the
-// connections are closed.
-func (r *runner) openWatchers(ctx context.Context, c *client, id session.ID, after session.Seq, n int, f *fanSide) ([]*wsConn, error) {
-	conns := make([]*wsConn, n)
-	recvs := make([]*receiver, n)
-	sem := make(chan struct{}, dialConcurrency)
-	var wg sync.WaitGroup
-	var errOnce sync.Once
-	var firstErr error
-	var opened atomic.Int64
-	for i := range n {
-		sem <- struct{}{}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			w, err := c.dialWS(dctx, id, after)
-			if err != nil {
-				errOnce.Do(func() { firstErr = fmt.Errorf("open watcher %d: %w", i, err) })
-				return
-			}
-			conns[i] = w
-			recvs[i] = &receiver{}
-			recvs[i].last.Store(after)
-			if k := opened.Add(1); k%500 == 0 && int(k) < n {
-				r.progress("fanout ws: %d/%d WebSockets open", k, n)
-			}
-		})
+// newReceiverSet holds the receivers in a child process when one is
+// configured, so that this process's CPU time is the server's alone.
+func (r *runner) newReceiverSet(ctx context.Context) (receiverSet, error) {
+	if r.cfg.Child == nil {
+		return newLocalSet(), nil
 	}
-	wg.Wait()
-	var out []*wsConn
-	for i, w := range conns {
-		if w == nil {
-			continue
-		}
-		out = append(out, w)
-		rc := recvs[i]
-		f.receivers = append(f.receivers, rc)
-		go func() {
-			defer rc.closed.Store(true)
-			_ = w.readLoop(func(frame []byte) { rc.onFrame(f.sink, frame) })
-		}()
-	}
-	if firstErr == nil {
-		firstErr = ctx.Err()
-	}
-	return out, firstErr
+	return startChild(ctx, r.cfg.Child)
 }
 
 // restProducer posts prompts from a pool of workers.
@@ -571,50 +570,17 @@ func (r *runner) fanoutNATS(ctx context.Context) (_ fanOutcome, err error) {
 		return fanOutcome{}, errors.New("nats-server did not start within 10s")
 	}
 	const subject = "bench.fanout"
-	f := &fanSide{name: "nats", sink: &sink{}}
-	f.sink.hist.Store(NewHistogram())
+	set, err := r.newReceiverSet(ctx)
+	if err != nil {
+		return fanOutcome{}, err
+	}
+	defer func() { err = errors.Join(err, set.close()) }()
 	t0 := time.Now()
-	conns := make([]*nats.Conn, r.cfg.Watchers)
-	defer func() {
-		for _, nc := range conns {
-			if nc != nil {
-				nc.Close()
-			}
-		}
-	}()
-	sem := make(chan struct{}, dialConcurrency)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	for i := range conns {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			rc := &receiver{}
-			nc, err := nats.Connect(ns.ClientURL(), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { rc.closed.Store(true) }))
-			if err == nil {
-				_, err = nc.Subscribe(subject, func(m *nats.Msg) { rc.onFrame(f.sink, m.Data) })
-				if err == nil {
-					err = nc.Flush()
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			conns[i] = nc
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("nats subscriber %d: %w", i, err)
-				}
-				return
-			}
-			f.receivers = append(f.receivers, rc)
-		})
+	if err := set.openNATS(ctx, ns.ClientURL(), subject, r.cfg.Watchers); err != nil {
+		return fanOutcome{}, err
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return fanOutcome{}, firstErr
-	}
-	r.progress("fanout nats: opened %d NATS subscribers in %s", len(f.receivers), time.Since(t0).Round(time.Millisecond))
+	r.progress("fanout nats: opened %d NATS subscribers in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
+	f := &fanSide{name: "nats", set: set, n: r.cfg.Watchers}
 	pub, err := nats.Connect(ns.ClientURL(), nats.NoReconnect())
 	if err != nil {
 		return fanOutcome{}, fmt.Errorf("nats publisher: %w", err)

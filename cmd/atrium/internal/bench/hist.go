@@ -119,3 +119,36 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	}
 	return h.Max()
 }
+
+// histSnapshot is a Histogram in transit (JSON) between processes.
+type histSnapshot struct {
+	Counts map[int]uint64 `json:"counts"` // bucket index → count, non-zero only
+	N      uint64         `json:"n"`
+	Sum    int64          `json:"sum"`
+	Min    int64          `json:"min"` // as stored: value+1, 0 when empty
+	Max    int64          `json:"max"`
+}
+
+func (h *Histogram) snapshot() histSnapshot {
+	s := histSnapshot{Counts: map[int]uint64{}, N: h.n.Load(), Sum: h.sum.Load(), Min: h.min.Load(), Max: h.max.Load()}
+	for i := range h.counts {
+		if c := h.counts[i].Load(); c > 0 {
+			s.Counts[i] = c
+		}
+	}
+	return s
+}
+
+func (s histSnapshot) histogram() *Histogram {
+	h := NewHistogram()
+	for i, c := range s.Counts {
+		if i >= 0 && i < histBuckets {
+			h.counts[i].Store(c)
+		}
+	}
+	h.n.Store(s.N)
+	h.sum.Store(s.Sum)
+	h.min.Store(s.Min)
+	h.max.Store(s.Max)
+	return h
+}

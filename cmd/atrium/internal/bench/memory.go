@@ -1,21 +1,15 @@
 package bench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/atriumhq/atrium/session"
 )
 
 const watcherRSSTarget = 64 // KiB per idle watcher
@@ -113,47 +107,17 @@ func (r *runner) memoryWatchers(ctx context.Context) (_ []Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, d.close(ctx)) }()
-	s, err := d.c.createSession(ctx, "bench memory", quickTurn)
+	s, err := d.c.createSession(ctx, "bench memory", quickTurn())
 	if err != nil {
 		return nil, err
 	}
 	n := r.cfg.Watchers
-
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cmd := r.cfg.Child(cctx, "--url", d.srv.URL(), "--session", string(s.ID), "--after", strconv.FormatInt(s.LastSeq, 10), "--user", benchUser)
-	stdin, err := cmd.StdinPipe()
+	set, err := startChild(ctx, r.cfg.Child)
 	if err != nil {
-		return nil, fmt.Errorf("child stdin: %w", err)
+		return nil, err
 	}
-	stdoutPipe, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("child stdout: %w", err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start watcher process: %w", err)
-	}
-	defer func() {
-		stdin.Close()
-		if werr := cmd.Wait(); werr != nil && err == nil {
-			err = fmt.Errorf("watcher process: %w: %s", werr, bytes.TrimSpace(stderr.Bytes()))
-		}
-	}()
-	replies := bufio.NewScanner(stdoutPipe)
-	open := func(k int) error {
-		if _, err := fmt.Fprintf(stdin, "open %d\n", k); err != nil {
-			return fmt.Errorf("command watcher process: %w", err)
-		}
-		if !replies.Scan() {
-			return fmt.Errorf("watcher process ended: %s", bytes.TrimSpace(stderr.Bytes()))
-		}
-		if line := replies.Text(); !strings.HasPrefix(line, "open ") {
-			return fmt.Errorf("watcher process: %s", line)
-		}
-		return nil
-	}
+	defer func() { err = errors.Join(err, set.close()) }()
+	open := func(k int) error { return set.openWS(ctx, d.srv.URL(), benchUser, s.ID, s.LastSeq, k) }
 	// A few watchers first, so one-time costs (buffers, pools, the
 	// session's subscription) are in the baseline.
 	warm := max(1, min(10, n/10))
@@ -196,7 +160,7 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	defer func() { err = errors.Join(err, d.close(ctx)) }()
 	// One session through its whole life first, so lazily started parts
 	// of the node are in the baseline.
-	warm, err := createSessions(ctx, d.c, 1, "bench warm", quickTurn)
+	warm, err := createSessions(ctx, d.c, 1, "bench warm", quickTurn())
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +174,7 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	}
 	n := r.cfg.Sessions
 	t0 := time.Now()
-	ids, err := createSessions(ctx, d.c, n, "bench hibernate", quickTurn)
+	ids, err := createSessions(ctx, d.c, n, "bench hibernate", quickTurn())
 	if err != nil {
 		return nil, err
 	}
@@ -244,74 +208,4 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	}
 	r.progress("memory: %d hibernated sessions: %+d goroutines, %+d open files, %.1f KiB RSS each", n, dg, df, rows[2].Value)
 	return rows, nil
-}
-
-// WatcherChild configures RunWatchers.
-type WatcherChild struct {
-	URL     string
-	Session session.ID
-	After   session.Seq // resume point: the watchers receive no history
-	User    string
-}
-
-// RunWatchers is the child process of the memory scenario. It reads
-// commands from in: "open K" opens K more idle watchers of the session
-// (each reading and discarding frames) and answers "open TOTAL" on out once
-// every one has its hello; end of input closes them all and returns.
-func RunWatchers(ctx context.Context, cfg WatcherChild, in io.Reader, out io.Writer) error {
-	c := newClient(cfg.URL, cfg.User)
-	defer c.close()
-	var conns []*wsConn
-	var wg sync.WaitGroup
-	defer func() {
-		for _, w := range conns {
-			w.close()
-		}
-		wg.Wait()
-	}()
-	lines := bufio.NewScanner(in)
-	for lines.Scan() {
-		verb, arg, _ := strings.Cut(lines.Text(), " ")
-		k, err := strconv.Atoi(arg)
-		if verb != "open" || err != nil || k < 0 {
-			return fmt.Errorf("bad command %q: want \"open K\"", lines.Text())
-		}
-		opened := make([]*wsConn, k)
-		sem := make(chan struct{}, dialConcurrency)
-		var dw sync.WaitGroup
-		var mu sync.Mutex
-		var firstErr error
-		for i := range k {
-			sem <- struct{}{}
-			dw.Go(func() {
-				defer func() { <-sem }()
-				dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				w, err := c.dialWS(dctx, cfg.Session, cfg.After)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					return
-				}
-				opened[i] = w
-			})
-		}
-		dw.Wait()
-		for _, w := range opened {
-			if w != nil {
-				conns = append(conns, w)
-				wg.Go(func() { _ = w.readLoop(func([]byte) {}) })
-			}
-		}
-		if firstErr != nil {
-			return fmt.Errorf("open watchers: %w", firstErr)
-		}
-		if _, err := fmt.Fprintf(out, "open %d\n", len(conns)); err != nil {
-			return err
-		}
-	}
-	return lines.Err()
 }

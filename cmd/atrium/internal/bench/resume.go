@@ -21,7 +21,7 @@ func (r *runner) resume(ctx context.Context) (_ []Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, d.close(ctx)) }()
-	s, err := d.c.createSession(ctx, "bench resume", holdTurn)
+	s, err := d.c.createSession(ctx, "bench resume", holdTurn())
 	if err != nil {
 		return nil, err
 	}

@@ -3,8 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
-	"github.com/atriumhq/atrium/session"
 )
 
 const childEnv = "ATRIUM_BENCH_TEST_CHILD"
@@ -23,24 +23,13 @@ const childEnv = "ATRIUM_BENCH_TEST_CHILD"
 // binary re-executes itself with childEnv set.
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
-		os.Exit(watcherChildMain(os.Args[1:]))
+		os.Exit(watcherChildMain())
 	}
 	goleak.VerifyTestMain(m)
 }
 
-func watcherChildMain(args []string) int {
-	fs := flag.NewFlagSet("watchers", flag.ContinueOnError)
-	var wc WatcherChild
-	var id string
-	fs.StringVar(&wc.URL, "url", "", "")
-	fs.StringVar(&id, "session", "", "")
-	fs.StringVar(&wc.User, "user", "", "")
-	fs.Int64Var(&wc.After, "after", 0, "")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	wc.Session = session.ID(id)
-	if err := RunWatchers(context.Background(), wc, os.Stdin, os.Stdout); err != nil {
+func watcherChildMain() int {
+	if err := RunWatchers(context.Background(), os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -72,7 +61,7 @@ func TestRun(t *testing.T) {
 		Watchers:     20,
 		Duration:     400 * time.Millisecond,
 		Rate:         50,
-		MaxRampSteps: 2,
+		MaxRampSteps: 1,
 		Senders:      4,
 		WSConns:      2,
 		WSWindow:     4,
@@ -117,8 +106,14 @@ func TestRun(t *testing.T) {
 			return nil
 		},
 		"fanout/max sustained fan-out (WebSocket)": positive,
-		"fanout/max sustained fan-out (raw NATS)":  positive,
-		"append/durable append":                    positive,
+		"fanout/server CPU per delivery at 50 ev/s (WebSocket)": func(r Result) error {
+			if r.Value <= 0 || !strings.Contains(r.Note, "raw nats-server") {
+				return fmt.Errorf("value %v note %q", r.Value, r.Note)
+			}
+			return nil
+		},
+		"fanout/max sustained fan-out (raw NATS)": positive,
+		"append/durable append":                   positive,
 		"wake/hibernated → prompt ack (REST)": func(r Result) error {
 			if r.Samples != 4 {
 				return fmt.Errorf("samples %d, want 4", r.Samples)
@@ -156,4 +151,68 @@ func positive(r Result) error {
 		return fmt.Errorf("value %v, want > 0 (%s)", r.Value, r.Note)
 	}
 	return nil
+}
+
+// BenchmarkFanout measures the WebSocket fan-out path end to end: prompts
+// committed by the node, published on NATS, dispatched by the gateway's hub
+// and written to 100 watchers, as fast as 32 REST senders can go. It
+// reports deliveries per second and the commit→receive percentiles.
+func BenchmarkFanout(b *testing.B) {
+	const watchers = 100
+	if _, err := RaiseFileLimit(); err != nil {
+		b.Fatal(err)
+	}
+	ctx := b.Context()
+	r := &runner{cfg: Config{Progress: io.Discard, Start: startTestServer, Logger: slog.New(slog.DiscardHandler)}, dir: b.TempDir(), start: time.Now()}
+	d, err := r.startServer(ctx, "fanout", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.close(ctx)
+	s, err := d.c.createSession(ctx, "bench", holdTurn())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := startHold(ctx, d.c, s.ID); err != nil {
+		b.Fatal(err)
+	}
+	cur, err := d.c.getSession(ctx, s.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set := newLocalSet()
+	defer set.close()
+	if err := set.openWS(ctx, d.srv.URL(), benchUser, s.ID, cur.LastSeq, watchers); err != nil {
+		b.Fatal(err)
+	}
+	prod := newRESTProducer(d.c, s.ID, restProducerConns)
+	defer prod.close()
+	prod.seq.Store(cur.LastSeq)
+
+	set.startPhase()
+	h, _ := set.histogram()
+	del0 := set.sink.delivered.Load()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		for !prod.fire() {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if err := prod.flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	last := prod.lastSeq()
+	if !pollUntil(ctx, time.Minute, time.Millisecond, func() bool { st, _ := set.status(); return st.MinLast >= last }) {
+		b.Fatalf("watchers did not catch up with seq %d", last)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	delivered := set.sink.delivered.Load() - del0
+	if delivered < int64(b.N)*watchers {
+		b.Fatalf("delivered %d, want %d", delivered, b.N*watchers)
+	}
+	b.ReportMetric(float64(delivered)/elapsed.Seconds(), "deliveries/s")
+	b.ReportMetric(ms(h.Quantile(0.5)), "p50-ms")
+	b.ReportMetric(ms(h.Quantile(0.99)), "p99-ms")
 }

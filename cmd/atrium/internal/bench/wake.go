@@ -32,7 +32,7 @@ func (r *runner) wake(ctx context.Context) (_ []Result, err error) {
 
 	n := r.cfg.WakeSamples
 	t0 := time.Now()
-	ids, err := createSessions(ctx, d.c, n, "bench wake", quickTurn)
+	ids, err := createSessions(ctx, d.c, n, "bench wake", quickTurn())
 	if err != nil {
 		return nil, err
 	}
