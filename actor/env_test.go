@@ -26,27 +26,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// histories adapts sqlite.Dir to Histories.
-type histories struct{ d *sqlite.Dir }
-
-func (h histories) Create(ctx context.Context, m session.Meta) (History, error) {
-	l, err := h.d.Create(ctx, m)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-func (h histories) Open(ctx context.Context, id session.ID) (History, error) {
-	l, err := h.d.Open(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-func (h histories) Remove(ctx context.Context, id session.ID) error { return h.d.Remove(ctx, id) }
-
 var _ History = (*sqlite.Log)(nil)
 
 // env is a node under test: an embedded NATS server, a history directory, a
@@ -95,7 +74,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	e.dir = &sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories"), Logger: testLogger(t)}
 	e.cfg = Config{
 		NATS:           e.nc,
-		Histories:      histories{e.dir},
+		Histories:      HistoriesOf(e.dir),
 		Provider:       newProvider(t),
 		NodeID:         "n1",
 		HibernateAfter: time.Minute,

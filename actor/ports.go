@@ -43,3 +43,36 @@ type Histories interface {
 
 // Provider provisions sandboxes. compute/local.Provider implements it.
 type Provider = compute.Provider
+
+// historyStore is a history store whose methods return a concrete History
+// type, such as *sqlite.Dir returning *sqlite.Log.
+type historyStore[L History] interface {
+	Create(ctx context.Context, m session.Meta) (L, error)
+	Open(ctx context.Context, id session.ID) (L, error)
+	Remove(ctx context.Context, id session.ID) error
+}
+
+// HistoriesOf adapts a store whose methods return a concrete History type
+// (such as *sqlite.Dir) to Histories. A failed Create or Open returns a nil
+// History, never a non-nil interface holding a nil pointer.
+func HistoriesOf[L History](s historyStore[L]) Histories { return historiesAdapter[L]{s} }
+
+type historiesAdapter[L History] struct{ s historyStore[L] }
+
+func (h historiesAdapter[L]) Create(ctx context.Context, m session.Meta) (History, error) {
+	l, err := h.s.Create(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (h historiesAdapter[L]) Open(ctx context.Context, id session.ID) (History, error) {
+	l, err := h.s.Open(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (h historiesAdapter[L]) Remove(ctx context.Context, id session.ID) error { return h.s.Remove(ctx, id) }

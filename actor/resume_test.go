@@ -213,10 +213,10 @@ func TestHost_CatalogFreshness(t *testing.T) {
 	})
 }
 
-// failingHistories wraps histories so a test can make one Append block and
+// failingHistories wraps Histories so a test can make one Append block and
 // then fail.
 type failingHistories struct {
-	histories
+	Histories
 	arm     atomic.Bool   // the next Append blocks on gate and fails
 	entered chan struct{} // receives when an armed Append is blocked
 	gate    chan struct{} // closed to let it fail
@@ -228,7 +228,7 @@ type failingHistory struct {
 }
 
 func (f *failingHistories) Create(ctx context.Context, m session.Meta) (History, error) {
-	h, err := f.histories.Create(ctx, m)
+	h, err := f.Histories.Create(ctx, m)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +236,7 @@ func (f *failingHistories) Create(ctx context.Context, m session.Meta) (History,
 }
 
 func (f *failingHistories) Open(ctx context.Context, id session.ID) (History, error) {
-	h, err := f.histories.Open(ctx, id)
+	h, err := f.Histories.Open(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +258,7 @@ func (h failingHistory) Append(ctx context.Context, evs []session.Stored) error 
 func TestHost_CommitFailureWithQueue(t *testing.T) {
 	f := &failingHistories{entered: make(chan struct{}, 1), gate: make(chan struct{})}
 	e := newEnv(t, func(c *Config) {
-		f.histories = c.Histories.(histories)
+		f.Histories = c.Histories
 		c.Histories = f
 	})
 	var prompts atomic.Int64

@@ -41,25 +41,6 @@ type stack struct {
 }
 
 // histories adapts *sqlite.Dir to actor.Histories.
-type histories struct{ dir *sqlite.Dir }
-
-func (h histories) Create(ctx context.Context, m session.Meta) (actor.History, error) {
-	l, err := h.dir.Create(ctx, m)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-func (h histories) Open(ctx context.Context, id session.ID) (actor.History, error) {
-	l, err := h.dir.Open(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-func (h histories) Remove(ctx context.Context, id session.ID) error { return h.dir.Remove(ctx, id) }
 
 func startStack(tb testing.TB) *stack {
 	tb.Helper()
@@ -93,7 +74,7 @@ func startStack(tb testing.TB) *stack {
 
 	host, err := actor.New(actor.Config{
 		NATS:      nc,
-		Histories: histories{&sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: log}},
+		Histories: actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: log}),
 		Provider:  prov,
 		NodeID:    "test",
 		Logger:    log,

@@ -24,7 +24,6 @@ import (
 	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/gateway"
 	"github.com/atriumhq/atrium/gateway/auth"
-	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/storage/sqlite"
 )
 
@@ -141,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	s.host, err = actor.New(actor.Config{
 		NATS:           s.nc,
-		Histories:      Histories{Dir: &sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: cfg.Logger}},
+		Histories:      actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: cfg.Logger}),
 		Provider:       s.prov,
 		NodeID:         "dev",
 		HibernateAfter: cfg.HibernateAfter,
@@ -224,29 +223,3 @@ func (s *Server) Close(ctx context.Context) error {
 	})
 	return s.closeErr
 }
-
-// Histories adapts a *sqlite.Dir to actor.Histories.
-type Histories struct{ Dir *sqlite.Dir }
-
-var _ actor.Histories = Histories{}
-
-// Create implements actor.Histories.
-func (h Histories) Create(ctx context.Context, m session.Meta) (actor.History, error) {
-	l, err := h.Dir.Create(ctx, m)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// Open implements actor.Histories.
-func (h Histories) Open(ctx context.Context, id session.ID) (actor.History, error) {
-	l, err := h.Dir.Open(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// Remove implements actor.Histories.
-func (h Histories) Remove(ctx context.Context, id session.ID) error { return h.Dir.Remove(ctx, id) }
