@@ -75,4 +75,6 @@ func (h historiesAdapter[L]) Open(ctx context.Context, id session.ID) (History, 
 	return l, nil
 }
 
-func (h historiesAdapter[L]) Remove(ctx context.Context, id session.ID) error { return h.s.Remove(ctx, id) }
+func (h historiesAdapter[L]) Remove(ctx context.Context, id session.ID) error {
+	return h.s.Remove(ctx, id)
+}
