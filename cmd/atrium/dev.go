@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os/exec"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -73,6 +74,9 @@ Press Ctrl-C to stop.
 `, url, srv.DataDir(), url, url)
 	if srv.Unsafe() {
 		fmt.Fprintln(env.stdout, "\n  WARNING: --unsafe-no-sandbox: harnesses run WITHOUT isolation on this machine.")
+	} else if _, err := exec.LookPath("bwrap"); err != nil {
+		fmt.Fprintln(env.stdout, "\n  WARNING: bubblewrap (bwrap) is not installed, so turns will fail until you install it:\n"+
+			"    apt-get install bubblewrap    (or restart with --unsafe-no-sandbox to run harnesses without isolation)")
 	}
 	<-ctx.Done()
 	fmt.Fprintln(env.stderr, "shutting down: cancelling running turns and closing files…")
