@@ -118,6 +118,22 @@ func integrityCheck(t *testing.T, path string) string {
 	return res
 }
 
+// journalMode returns the journal mode of a database file as a connection
+// that does not set it sees.
+func journalMode(t *testing.T, path string) string {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var mode string
+	if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	return mode
+}
+
 func setUserVersion(t *testing.T, path string, v int) {
 	t.Helper()
 	db, err := sql.Open("sqlite", path)

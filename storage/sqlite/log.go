@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -31,24 +33,41 @@ var migrations = []string{
 	 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB);`,
 }
 
+// exactRows and maxChunk shape Append's INSERT statements. A batch of up to
+// exactRows events is one INSERT of that many rows; a larger one is INSERTs
+// of the largest power of two of rows that fits, at most maxChunk, until up
+// to exactRows are left for a last one. Each statement is prepared once per
+// Log, so there are at most exactRows+3 of them. The bound parameters, 3 per
+// row, stay far below SQLite's limit (SQLITE_MAX_VARIABLE_NUMBER, 32766);
+// larger statements save little per row but cost more to prepare after every
+// Open.
+const (
+	exactRows = 16
+	maxChunk  = 1 << 7
+)
+
 // Log is one open session history. One goroutine appends to it (the session
-// actor) while any number of others read: Append and SetMeta go through a
-// single writer connection, the other methods through a small pool of read
-// connections, which WAL mode lets run alongside the writer.
+// actor) while any number of others read. Append, SetMeta and the point reads
+// (Meta, LastOfKind) go through a single writer connection, so waking a
+// session opens one connection; Range, which may read megabytes, goes through
+// a small pool of read connections, connected on first use, which WAL mode
+// lets run alongside the writer.
 type Log struct {
 	id       session.ID
 	maxBytes int64
-	writer   *sql.DB // one connection
-	readers  *sql.DB
-	insert   *sql.Stmt    // on writer
+	writer   *sql.DB      // one connection
+	readers  *sql.DB      // for Range; connects lazily
 	lastSeq  atomic.Int64 // seq of the last committed event
 
-	mu     sync.Mutex // serializes writes and Close
-	closed bool       // guarded by mu
+	mu      sync.Mutex        // serializes writes and Close
+	inserts map[int]*sql.Stmt // by number of rows; guarded by mu, prepared on first use
+	closed  bool              // guarded by mu
 }
 
-// open opens the existing file path as the history of id and migrates it.
-func (d *Dir) open(ctx context.Context, path string, id session.ID) (_ *Log, err error) {
+// open opens the existing file path as the history of id and migrates it;
+// create makes the file a WAL database first. (The journal mode is stored in
+// the file, so Open need not set it again.)
+func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool) (_ *Log, err error) {
 	syncMode := "NORMAL"
 	switch d.Sync {
 	case "", SyncNormal:
@@ -66,8 +85,11 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID) (_ *Log, err
 		q.Set("_txlock", "immediate")
 		return (&url.URL{Scheme: "file", OmitHost: true, Path: path, RawQuery: q.Encode()}).String()
 	}
-	if l.writer, err = sql.Open("sqlite", dsn("journal_mode(WAL)", "synchronous("+syncMode+")",
-		fmt.Sprintf("max_page_count(%d)", max(l.maxBytes/pageSize, 1)))); err != nil {
+	pragmas := []string{"synchronous(" + syncMode + ")", fmt.Sprintf("max_page_count(%d)", max(l.maxBytes/pageSize, 1))}
+	if create {
+		pragmas = append(pragmas, "journal_mode(WAL)")
+	}
+	if l.writer, err = sql.Open("sqlite", dsn(pragmas...)); err != nil {
 		return nil, err
 	}
 	l.writer.SetMaxOpenConns(1)
@@ -90,9 +112,6 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID) (_ *Log, err
 		return nil, l.classify(err, "read last seq of", 0)
 	}
 	l.lastSeq.Store(last)
-	if l.insert, err = l.writer.PrepareContext(ctx, `INSERT INTO events (seq, kind, json) VALUES (?, ?, ?)`); err != nil {
-		return nil, fmt.Errorf("prepare insert: %w", err)
-	}
 	return l, nil
 }
 
@@ -130,12 +149,19 @@ func (l *Log) migrate(ctx context.Context, d *Dir) error {
 // do not follow fails with an error matching session.ErrConflict, one that
 // does not fit in MaxBytes or on the disk with session.ErrUnavailable; either
 // way nothing is written and the Log stays usable.
+//
+// A batch of up to 16 events is one INSERT statement and needs no explicit
+// transaction; a larger one takes a few (100 events: 64, 32 and 4 rows) in
+// one transaction.
 func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
 	if len(evs) == 0 {
 		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("append to history %s: closed", l.id)
+	}
 	last := l.lastSeq.Load()
 	var size int64
 	for i, ev := range evs {
@@ -148,27 +174,81 @@ func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
 		}
 		size += int64(len(ev.JSON) + len(ev.Kind))
 	}
-	tx, err := l.writer.BeginTx(ctx, nil)
-	if err != nil {
-		return l.classify(err, "append to", size)
-	}
-	defer func() {
-		if err != nil {
-			tx.Rollback()
-			l.reloadLastSeq() // In case the commit took effect after all.
-		}
-	}()
-	ins := tx.StmtContext(ctx, l.insert)
-	for _, ev := range evs {
-		if _, err := ins.ExecContext(ctx, ev.Seq, string(ev.Kind), ev.JSON); err != nil {
+	// Prepare the statements first: the transaction will hold the only
+	// writer connection.
+	for rest := len(evs); rest > 0; rest -= chunkLen(rest) {
+		if err := l.prepareInsert(ctx, chunkLen(rest)); err != nil {
 			return l.classify(err, "append to", size)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return l.classify(err, "append to", size)
+	defer func() {
+		if err != nil {
+			l.reloadLastSeq() // In case the commit took effect after all.
+		}
+	}()
+	if len(evs) == chunkLen(len(evs)) {
+		// One statement is its own transaction.
+		if _, err := l.insertStmt(len(evs)).ExecContext(ctx, insertArgs(evs)...); err != nil {
+			return l.classify(err, "append to", size)
+		}
+	} else {
+		tx, err := l.writer.BeginTx(ctx, nil)
+		if err != nil {
+			return l.classify(err, "append to", size)
+		}
+		for rest := evs; len(rest) > 0; {
+			chunk := rest[:chunkLen(len(rest))]
+			if _, err := tx.StmtContext(ctx, l.insertStmt(len(chunk))).ExecContext(ctx, insertArgs(chunk)...); err != nil {
+				tx.Rollback()
+				return l.classify(err, "append to", size)
+			}
+			rest = rest[len(chunk):]
+		}
+		if err := tx.Commit(); err != nil {
+			return l.classify(err, "append to", size)
+		}
 	}
 	l.lastSeq.Store(evs[len(evs)-1].Seq)
 	return nil
+}
+
+// chunkLen is the number of rows of the first INSERT of a batch of n events.
+func chunkLen(n int) int {
+	if n <= exactRows {
+		return n
+	}
+	return min(1<<(bits.Len(uint(n))-1), maxChunk) // The largest power of two that fits.
+}
+
+// prepareInsert prepares the statement that inserts n rows unless it is
+// prepared already. l.mu must be held.
+func (l *Log) prepareInsert(ctx context.Context, n int) error {
+	if l.inserts[n] != nil {
+		return nil
+	}
+	q := `INSERT INTO events (seq, kind, json) VALUES ` + strings.Repeat(`(?, ?, ?), `, n-1) + `(?, ?, ?)`
+	st, err := l.writer.PrepareContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("prepare insert: %w", err)
+	}
+	if l.inserts == nil {
+		l.inserts = make(map[int]*sql.Stmt)
+	}
+	l.inserts[n] = st
+	return nil
+}
+
+// insertStmt returns the prepared statement that inserts n rows. l.mu must
+// be held.
+func (l *Log) insertStmt(n int) *sql.Stmt { return l.inserts[n] }
+
+// insertArgs returns the arguments of the statement that inserts evs.
+func insertArgs(evs []session.Stored) []any {
+	args := make([]any, 0, 3*len(evs))
+	for _, ev := range evs {
+		args = append(args, ev.Seq, string(ev.Kind), ev.JSON)
+	}
+	return args
 }
 
 func (l *Log) reloadLastSeq() {
@@ -214,10 +294,12 @@ func (l *Log) Range(ctx context.Context, after session.Seq, limit, maxBytes int)
 // in memory and never fails.
 func (l *Log) LastSeq(context.Context) (session.Seq, error) { return l.lastSeq.Load(), nil }
 
-// LastOfKind returns the newest event of kind, or nil if there is none.
+// LastOfKind returns the newest event of kind, or nil if there is none. Like
+// Meta, it is one indexed lookup and runs on the writer connection, so it
+// waits for an Append in progress.
 func (l *Log) LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessage, error) {
 	var b []byte
-	err := l.readers.QueryRowContext(ctx, `SELECT json FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1`, string(kind)).Scan(&b)
+	err := l.writer.QueryRowContext(ctx, `SELECT json FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1`, string(kind)).Scan(&b)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	} else if err != nil {
@@ -230,7 +312,7 @@ func (l *Log) LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessag
 func (l *Log) Meta(ctx context.Context) (session.Meta, error) {
 	var b []byte
 	var m session.Meta
-	if err := l.readers.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session'`).Scan(&b); err != nil {
+	if err := l.writer.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'session'`).Scan(&b); err != nil {
 		return m, l.classify(err, "read metadata of", 0)
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -265,7 +347,11 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
-	errs := []error{l.insert.Close(), l.readers.Close()} // Readers first, so the checkpoint can complete.
+	var errs []error
+	for _, st := range l.inserts {
+		errs = append(errs, st.Close())
+	}
+	errs = append(errs, l.readers.Close()) // Readers first, so the checkpoint can complete.
 	if _, err := l.writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
 		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
 	}

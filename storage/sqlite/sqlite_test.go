@@ -105,6 +105,10 @@ func TestDir_CreateOpen(t *testing.T) {
 	if n, _ := l.LastSeq(ctx); n != 0 {
 		t.Errorf("LastSeq of new history = %d", n)
 	}
+	// Open does not set the journal mode: Create leaves it in the file.
+	if mode := journalMode(t, filepath.Join(d.Path, "s_a.db")); mode != "wal" {
+		t.Errorf("journal_mode = %q, want wal", mode)
+	}
 	if _, err := d.Create(ctx, meta("s_a")); !errors.Is(err, session.ErrConflict) {
 		t.Errorf("Create of existing: %v, want conflict", err)
 	}
@@ -236,6 +240,69 @@ func TestLog_Append(t *testing.T) {
 				t.Errorf("Range = %v, %v", seqs(t, evs), err)
 			}
 		})
+	}
+}
+
+// TestLog_AppendChunks appends batches that take one or several INSERT
+// statements and checks every event landed once, in order, with its own kind
+// and JSON.
+func TestLog_AppendChunks(t *testing.T) {
+	ctx := context.Background()
+	l := mustCreate(t, newDir(t), "s_a")
+	kinds := []session.Kind{session.KindOutput, session.KindMessage, session.KindAgent}
+	next := session.Seq(1)
+	var want []string
+	for _, n := range []int{1, 2, 3, 5, 7, 16, 17, 127, 128, 129, 255, 300, 1000} {
+		evs := make([]session.Stored, n)
+		for i := range evs {
+			evs[i] = ev(next+session.Seq(i), kinds[int(next+session.Seq(i))%len(kinds)], 50+i%7)
+			want = append(want, string(evs[i].JSON))
+		}
+		mustAppend(t, l, evs...)
+		next += session.Seq(n)
+		if last, _ := l.LastSeq(ctx); last != next-1 {
+			t.Fatalf("LastSeq = %d after a batch of %d, want %d", last, n, next-1)
+		}
+	}
+	evs, more, err := l.Range(ctx, 0, len(want)+1, 0)
+	if err != nil || more || len(evs) != len(want) {
+		t.Fatalf("Range = %d events, %v, %v; want %d", len(evs), more, err, len(want))
+	}
+	for i, b := range evs {
+		if string(b) != want[i] {
+			t.Fatalf("event %d = %s, want %s", i+1, b, want[i])
+		}
+	}
+	for i, k := range kinds {
+		// The last seq s of kind k is the largest with s%3 == i.
+		s := next - 1 - (next-1-session.Seq(i)+3)%3
+		if b, err := l.LastOfKind(ctx, k); err != nil || string(b) != want[s-1] {
+			t.Errorf("LastOfKind(%s) = %s, %v; want seq %d", k, b, err, s)
+		}
+	}
+}
+
+// TestLog_AppendAllOrNothing fails a batch of several statements in a late
+// one (the history fills up) and checks that none of it was written.
+func TestLog_AppendAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t)
+	d.MaxBytes = 256 << 10
+	l := mustCreate(t, d, "s_a")
+	mustAppend(t, l, batch(1, 10, 300)...)
+	err := l.Append(ctx, batch(11, 1000, 300)) // ~300 KiB: chunks of 128, ..., then full.
+	if !errors.Is(err, session.ErrUnavailable) {
+		t.Fatalf("Append past the cap: %v", err)
+	}
+	if n, _ := l.LastSeq(ctx); n != 10 {
+		t.Errorf("LastSeq = %d after a failed batch, want 10", n)
+	}
+	if evs, more, err := l.Range(ctx, 0, 2000, 0); err != nil || more || !slices.Equal(seqs(t, evs), seqRange(1, 10)) {
+		t.Errorf("Range after a failed batch = %v, %v, %v", seqs(t, evs), more, err)
+	}
+	mustAppend(t, l, batch(11, 200, 300)...)
+	if n, _ := l.LastSeq(ctx); n != 210 {
+		t.Errorf("LastSeq = %d after a good batch, want 210", n)
 	}
 }
 
