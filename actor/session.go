@@ -378,7 +378,9 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 				sub, err := s.subscribe(ctx, subject, self)
 				subC <- subResult{sub, err}
 			})
-			ho = s.open(ctx)
+			// Local SQLite reads: a cancellable context would cost modernc
+			// a goroutine per statement (see storage/sqlite's doc).
+			ho = s.open(context.WithoutCancel(ctx))
 			r := <-subC
 			if ho.err == nil {
 				ho.sub, ho.err = r.sub, r.err
