@@ -31,6 +31,9 @@ type sink interface {
 	event(ev *event) error
 	frame(b []byte) error // presence, ack and error frames; SSE drops them
 	heartbeat() error
+	// flush sends what was written since the last flush. A sink may hold
+	// writes until then, so that a batch costs one write to the network.
+	flush() error
 }
 
 // writeFailed marks a failure to write to the client.
@@ -52,11 +55,10 @@ var errRevoked = errors.New("gateway: access revoked")
 //
 // A feed is used by its connection's writer goroutine only.
 type feed struct {
-	s      *Server
-	p      session.Principal
-	id     session.ID
-	w      *watcher
-	frames bool // history events need WebSocket frames
+	s  *Server
+	p  session.Principal
+	id session.ID
+	w  *watcher
 	// access is what the catalog said; until the owner has answered once,
 	// history requests activate the session only if it allowed the caller.
 	access   access
@@ -136,42 +138,51 @@ func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error
 	if err := f.emitPage(first, out); err != nil {
 		return err
 	}
+	if err := out.flush(); err != nil {
+		return err
+	}
 	if first.More {
 		return f.catchUp(ctx, -1, out)
 	}
 	return nil
 }
 
-// pump writes the watcher's queue to out until the queue ends, ctx is done
+// pump writes the watcher's queue to the sink until the queue ends, ctx is done
 // or writing fails. It returns how the connection ends and, if a feed error
-// (not a write error) ended it, that error for the client.
-func (f *feed) pump(ctx context.Context, out sink) (ending, error) {
+// (not a write error) ended it, that error for the client. Whatever waits in
+// the queue is written as one batch.
+func (f *feed) pump(ctx context.Context, to sink) (ending, error) {
+	var spare []out // the last batch's slice, handed back to the queue
 	for {
 		select {
 		case <-ctx.Done():
 			return ending{code: websocket.StatusGoingAway, reason: reasonShutdown}, nil
 		case <-f.w.q.wake:
 		}
-		items, end, heartbeat := f.w.q.take()
+		items, end, heartbeat := f.w.q.take(spare)
 		for _, it := range items {
 			var err error
 			if it.ev != nil {
-				err = f.live(ctx, it.ev, out)
+				err = f.live(ctx, it.ev, to)
 			} else {
-				err = out.frame(it.frame)
+				err = to.frame(it.frame)
 			}
 			if err != nil {
 				return f.failed(err)
 			}
 		}
 		if heartbeat {
-			if err := out.heartbeat(); err != nil {
+			if err := to.heartbeat(); err != nil {
 				return f.failed(err)
 			}
+		}
+		if err := to.flush(); err != nil {
+			return f.failed(err)
 		}
 		if end != nil {
 			return *end, nil
 		}
+		spare = recycle(items)
 	}
 }
 
@@ -232,6 +243,9 @@ func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
 		if err := f.emitPage(reply, out); err != nil {
 			return err
 		}
+		if err := out.flush(); err != nil {
+			return err
+		}
 		if reply.More && len(reply.Events) > 0 {
 			continue
 		}
@@ -253,7 +267,7 @@ func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
 
 func (f *feed) emitPage(reply *session.Reply, out sink) error {
 	for _, raw := range reply.Events {
-		ev, err := parseEvent(raw, f.frames)
+		ev, err := parseEvent(raw, false)
 		if err != nil {
 			return session.Errorf(session.CodeInternal, "history of session %s: %v", f.id, err)
 		}

@@ -115,11 +115,14 @@ type Server struct {
 	metrics       *metrics
 	handler       http.Handler
 	hub           *hub
+	replies       *replyMux
+	batches       *sync.Pool // see batchConn
 
 	// ctx is cancelled by Close; connections end when it is.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// bg runs the hub's dispatcher and the maintenance ticker.
+	// bg runs the hub's dispatcher, the maintenance ticker and the catalog
+	// watcher.
 	bg sync.WaitGroup
 	// conns counts connection handlers and writers; Add only under mu while
 	// !closing.
@@ -130,6 +133,9 @@ type Server struct {
 
 	kvMu sync.Mutex
 	kv   jetstream.KeyValue // guarded by kvMu; nil until first opened
+
+	// cache is the catalog as watchCatalog last saw it.
+	cache catalogCache
 
 	closeOnce sync.Once
 	closed    chan struct{} // closed when Close has finished
@@ -222,8 +228,11 @@ func New(cfg Config) (*Server, error) {
 
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.hub = newHub(s)
+	s.replies = &replyMux{nc: s.nc}
+	s.batches = newBatchPool()
 	s.bg.Go(s.hub.run)
 	s.bg.Go(s.maintain)
+	s.bg.Go(s.watchCatalog)
 	return s, nil
 }
 
@@ -254,6 +263,7 @@ func (s *Server) shutdown() {
 	s.cancel(errors.New("gateway: closed"))
 	s.conns.Wait()
 	s.hub.close()
+	s.replies.close()
 	s.bg.Wait()
 	s.closeErr = nil
 	close(s.closed)

@@ -71,18 +71,26 @@ func (s *Server) originAllowed(r *http.Request) bool {
 	return false
 }
 
-// secure sets security headers on every response.
+// secure sets security headers on every response. Their values are shared
+// by every response: net/http only reads them, and a handler that changes
+// one replaces its slice.
 func (s *Server) secure(next http.Handler) http.Handler {
+	headers := http.Header{
+		"X-Content-Type-Options":     {"nosniff"},
+		"X-Frame-Options":            {"DENY"},
+		"Referrer-Policy":            {"no-referrer"},
+		"Cross-Origin-Opener-Policy": {"same-origin"},
+		"Content-Security-Policy": {"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; " +
+			"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"},
+	}
+	noStore := []string{"no-store"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("X-Frame-Options", "DENY")
-		h.Set("Referrer-Policy", "no-referrer")
-		h.Set("Cross-Origin-Opener-Policy", "same-origin")
-		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "+
-			"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		for k, v := range headers {
+			h[k] = v
+		}
 		if strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/auth/") {
-			h.Set("Cache-Control", "no-store")
+			h["Cache-Control"] = noStore
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -101,7 +109,7 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 		if code == 0 {
 			code = http.StatusOK
 		}
-		s.metrics.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+		s.metrics.request(route, code).Inc()
 	})
 }
 
@@ -161,8 +169,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }

@@ -1,6 +1,11 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the gateway's Prometheus metrics.
 type metrics struct {
@@ -10,6 +15,26 @@ type metrics struct {
 	slow         prometheus.Counter     // connections closed as slow consumers
 	gapRefetches prometheus.Counter     // history fetches that filled a gap in live events
 	requests     *prometheus.CounterVec // HTTP requests by route and status code
+
+	// requestCounters caches requests' counters, which are looked up for
+	// every request: routeCode → prometheus.Counter.
+	requestCounters sync.Map
+}
+
+type routeCode struct {
+	route string
+	code  int
+}
+
+// request returns the counter of requests to route answered with code.
+func (m *metrics) request(route string, code int) prometheus.Counter {
+	key := routeCode{route, code}
+	if c, ok := m.requestCounters.Load(key); ok {
+		return c.(prometheus.Counter)
+	}
+	c := m.requests.WithLabelValues(route, strconv.Itoa(code))
+	m.requestCounters.Store(key, c)
+	return c
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

@@ -5,12 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // maxActivations is how many times a command activates its session before
@@ -31,25 +28,14 @@ func (s *Server) request(ctx context.Context, subj string, p session.Principal, 
 	if err != nil {
 		return nil, fmt.Errorf("encode request to %s: %w", subj, err)
 	}
-	msg := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{}}
-	msg.Header.Set(session.HeaderUser, p.User)
-	if p.Tenant != "" {
-		msg.Header.Set(session.HeaderTenant, p.Tenant)
-	}
+	msg := &nats.Msg{Subject: subj, Data: data, Header: principalHeader(p)}
 	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
 	defer cancel()
 	resp, err := s.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return nil, err
 	}
-	var reply session.Reply
-	if err := json.Unmarshal(resp.Data, &reply); err != nil {
-		return nil, fmt.Errorf("decode reply from %s: %w", subj, err)
-	}
-	if reply.Error != nil {
-		return nil, reply.Error
-	}
-	return &reply, nil
+	return decodeReply(subj, resp)
 }
 
 // natsError turns a NATS failure into a wire error.
@@ -172,103 +158,6 @@ func roleIn(e *session.CatalogEntry, p session.Principal) session.Role {
 		return session.RoleOwner
 	}
 	return e.Members.RoleOf(p.User)
-}
-
-// catalog returns the session catalog bucket, opening it (or creating it
-// empty, if no node has yet) on first use.
-func (s *Server) catalog(ctx context.Context) (jetstream.KeyValue, error) {
-	s.kvMu.Lock()
-	defer s.kvMu.Unlock()
-	if s.kv != nil {
-		return s.kv, nil
-	}
-	js, err := jetstream.New(s.nc)
-	if err != nil {
-		return nil, fmt.Errorf("open jetstream: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
-	defer cancel()
-	bucket := s.subj.CatalogBucket()
-	kv, err := js.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Description: "Atrium session catalog"})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open catalog %s: %w", bucket, err)
-	}
-	s.kv = kv
-	return kv, nil
-}
-
-// catalogGet returns id's catalog entry, or nil if there is none.
-func (s *Server) catalogGet(ctx context.Context, id session.ID) (*session.CatalogEntry, error) {
-	kv, err := s.catalog(ctx)
-	if err != nil {
-		return nil, catalogError(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
-	defer cancel()
-	e, err := kv.Get(ctx, string(id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, catalogError(fmt.Errorf("read catalog entry %s: %w", id, err))
-	}
-	var entry session.CatalogEntry
-	if err := json.Unmarshal(e.Value(), &entry); err != nil {
-		return nil, fmt.Errorf("decode catalog entry %s: %w", id, err)
-	}
-	return &entry, nil
-}
-
-// catalogList returns the catalog entries p has a role on, newest first. It
-// reads the bucket with one watcher, which delivers every current value and
-// then a nil marker.
-func (s *Server) catalogList(ctx context.Context, p session.Principal) ([]session.CatalogEntry, error) {
-	kv, err := s.catalog(ctx)
-	if err != nil {
-		return nil, catalogError(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
-	defer cancel()
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, catalogError(fmt.Errorf("watch catalog: %w", err))
-	}
-	defer func() { _ = w.Stop() }()
-	var out []session.CatalogEntry
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, catalogError(fmt.Errorf("read catalog: %w", ctx.Err()))
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, catalogError(errors.New("read catalog: watcher stopped"))
-			}
-			if e == nil {
-				sortNewestFirst(out)
-				return out, nil
-			}
-			var entry session.CatalogEntry
-			if err := json.Unmarshal(e.Value(), &entry); err != nil {
-				s.log.Warn("skip undecodable catalog entry", "key", e.Key(), "err", err)
-				continue
-			}
-			if roleIn(&entry, p).Valid() {
-				out = append(out, entry)
-			}
-		}
-	}
-}
-
-func sortNewestFirst(es []session.CatalogEntry) {
-	slices.SortFunc(es, func(a, b session.CatalogEntry) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(string(b.ID), string(a.ID))
-	})
 }
 
 // catalogError reports a catalog failure as unavailable; the cause stays in

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -21,25 +22,30 @@ type event struct {
 }
 
 // parseEvent reads an encoded event's seq and kind (and member change).
-// withFrame also builds its WebSocket frame.
+// withFrame also builds its WebSocket frame. The event is not validated:
+// the node encodes it, and the gateway passes its bytes on.
 func parseEvent(raw json.RawMessage, withFrame bool) (*event, error) {
-	var head struct {
-		Seq  session.Seq  `json:"seq"`
-		Kind session.Kind `json:"kind"`
+	seq, kind, ok := scanEventHead(raw)
+	if !ok {
+		var head struct {
+			Seq  session.Seq  `json:"seq"`
+			Kind session.Kind `json:"kind"`
+		}
+		if err := json.Unmarshal(raw, &head); err != nil {
+			return nil, fmt.Errorf("decode event: %w", err)
+		}
+		seq, kind = head.Seq, head.Kind
 	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("decode event: %w", err)
+	if seq <= 0 {
+		return nil, fmt.Errorf("decode event: seq %d is not positive", seq)
 	}
-	if head.Seq <= 0 {
-		return nil, fmt.Errorf("decode event: seq %d is not positive", head.Seq)
-	}
-	ev := &event{seq: head.Seq, kind: head.Kind, raw: raw}
-	if head.Kind == session.KindMemberChanged {
+	ev := &event{seq: seq, kind: kind, raw: raw}
+	if kind == session.KindMemberChanged {
 		var d struct {
 			Data session.MemberChangedData `json:"data"`
 		}
 		if err := json.Unmarshal(raw, &d); err != nil {
-			return nil, fmt.Errorf("decode member_changed event %d: %w", head.Seq, err)
+			return nil, fmt.Errorf("decode member_changed event %d: %w", seq, err)
 		}
 		ev.member = &d.Data
 	}
@@ -47,6 +53,58 @@ func parseEvent(raw json.RawMessage, withFrame bool) (*event, error) {
 		ev.buildFrame()
 	}
 	return ev, nil
+}
+
+// scanEventHead reads seq and kind from the head of an event encoded as the
+// node encodes events, {"seq":N,"epoch":"…","time":"…","kind":"…",…}, with
+// no escapes in those strings, without decoding the rest (an event may be
+// tens of kilobytes). It reports false for anything else, which is then
+// decoded in full.
+func scanEventHead(b []byte) (session.Seq, session.Kind, bool) {
+	b, ok := bytes.CutPrefix(b, []byte(`{"seq":`))
+	if !ok {
+		return 0, "", false
+	}
+	i := 0
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	seq, ok := parseDigits(b[:i])
+	if !ok {
+		return 0, "", false
+	}
+	b = b[i:]
+	var kind []byte
+	for _, key := range []string{`,"epoch":"`, `,"time":"`, `,"kind":"`} {
+		if b, ok = bytes.CutPrefix(b, []byte(key)); !ok {
+			return 0, "", false
+		}
+		end := bytes.IndexByte(b, '"')
+		if end < 0 || bytes.IndexByte(b[:end], '\\') >= 0 {
+			return 0, "", false
+		}
+		kind, b = b[:end], b[end+1:]
+	}
+	if len(b) == 0 || b[0] != ',' && b[0] != '}' {
+		return 0, "", false
+	}
+	return seq, internKind(kind), true
+}
+
+// internKind returns the kind named by b, without allocating for the kinds
+// of the contract.
+func internKind(b []byte) session.Kind {
+	for _, k := range [...]session.Kind{ // most frequent first
+		session.KindOutput, session.KindAgent, session.KindMessage, session.KindTurnStarted,
+		session.KindTurnFinished, session.KindSandbox, session.KindApprovalRequested,
+		session.KindApprovalResolved, session.KindSessionCreated, session.KindMemberChanged,
+		session.KindPROpened, session.KindError,
+	} {
+		if string(b) == string(k) {
+			return k
+		}
+	}
+	return session.Kind(b)
 }
 
 func (ev *event) buildFrame() {
@@ -71,7 +129,8 @@ type ending struct {
 // queue is a connection's bounded send queue. Producers never block: push
 // fails when limit items wait, and the producer then ends the connection as a
 // slow consumer. The connection's single writer takes everything queued at
-// once. An idle queue holds no buffer.
+// once, and hands back the emptied slice when it is small (maxSpare), so an
+// idle queue holds at most that.
 type queue struct {
 	wake chan struct{} // capacity 1: something was queued or the queue ended
 
@@ -138,13 +197,28 @@ func (q *queue) beat() {
 }
 
 // take returns everything queued, the ending if the queue has ended, and
-// whether a heartbeat is due.
-func (q *queue) take() (items []out, end *ending, heartbeat bool) {
+// whether a heartbeat is due. spare, if not nil, is an empty slice that the
+// queue fills next (see recycle), so that a busy queue does not allocate.
+func (q *queue) take(spare []out) (items []out, end *ending, heartbeat bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	items, q.items = q.items, nil
+	items, q.items = q.items, spare
 	heartbeat, q.heartbeat = q.heartbeat, false
 	return items, q.end, heartbeat
+}
+
+// maxSpare is the capacity of the largest slice handed back to a queue. An
+// idle queue holds at most that much.
+const maxSpare = 16
+
+// recycle returns items, once written, emptied for the next take, or nil if
+// it is too big to keep.
+func recycle(items []out) []out {
+	if cap(items) > maxSpare {
+		return nil
+	}
+	clear(items) // drop the references to events and frames.
+	return items[:0]
 }
 
 // ended reports whether the queue has ended.

@@ -54,6 +54,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		}
 		sess = info.Session
 	}
+	s.refreshCatalog(r.Context(), sess.ID)
 	w.Header().Set("Location", "/v1/sessions/"+string(sess.ID))
 	writeJSON(w, http.StatusCreated, sess)
 }
@@ -111,6 +112,7 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p session
 		s.fail(w, r, err)
 		return
 	}
+	s.cache.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -137,9 +139,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.P
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, struct {
-		Seq session.Seq `json:"seq"`
-	}{reply.Seq})
+	b := make([]byte, 0, 32)
+	b = append(b, `{"seq":`...)
+	b = strconv.AppendInt(b, reply.Seq, 10)
+	writeRawJSON(w, http.StatusAccepted, append(b, "}\n"...))
 }
 
 // cancelTurn serves POST /v1/sessions/{id}/cancel → 202.
@@ -210,6 +213,7 @@ func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, err)
 		return
 	}
+	s.refreshCatalog(r.Context(), id)
 	writeJSON(w, http.StatusOK, struct {
 		User string       `json:"user"`
 		Role session.Role `json:"role"`

@@ -106,10 +106,7 @@ func (k *sseSink) event(ev *event) error {
 	if _, err := k.w.Write(b); err != nil {
 		return &writeFailed{err: err}
 	}
-	if err := k.data(ev.raw); err != nil {
-		return err
-	}
-	return k.flush()
+	return k.data(ev.raw)
 }
 
 // data writes raw as data lines and ends the event. Encoded JSON has no line

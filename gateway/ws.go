@@ -13,16 +13,25 @@ import (
 )
 
 // wsConn is one WebSocket watching a session. Its reader goroutine handles
-// client frames; its writer goroutine owns every write and is the only user
+// client frames, and its commander (started with the first command) sends
+// their commands; its writer goroutine owns every write and is the only user
 // of its feed.
 type wsConn struct {
 	s      *Server
 	ws     *websocket.Conn
+	conn   *batchConn // under ws
 	p      session.Principal
 	id     session.ID
 	w      *watcher
 	after  session.Seq // the resume point
 	access access
+
+	// Owned by the writer goroutine.
+	holding bool   // conn holds a batch: flush releases it
+	scratch []byte // frame of a history event
+
+	// Owned by the reader goroutine.
+	cmds *commander // nil until the first command
 }
 
 // serveWS serves GET /v1/sessions/{id}/ws?after=N.
@@ -65,7 +74,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	}
 	defer s.conns.Done()
 
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	hj := &batchHijacker{ResponseWriter: w, timeout: s.writeTimeout, pool: s.batches}
+	ws, err := websocket.Accept(hj, r, &websocket.AcceptOptions{
 		Subprotocols:    []string{session.Subprotocol},
 		OriginPatterns:  s.origins,
 		CompressionMode: websocket.CompressionDisabled, // ~1.2 MB per connection otherwise.
@@ -73,9 +83,14 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	if err != nil {
 		return // Accept has answered.
 	}
+	if hj.conn == nil { // the library found another http.Hijacker: cannot happen.
+		s.log.Error("websocket accepted without its batchConn", "session", string(id))
+		_ = ws.CloseNow()
+		return
+	}
 	ws.SetReadLimit(session.MaxFrameBytes) // a bigger frame closes with 1009.
 
-	c := &wsConn{s: s, ws: ws, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a}
+	c := &wsConn{s: s, ws: ws, conn: hj.conn, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a}
 	if a.allowed() {
 		c.w.setRole(roleIn(a.entry, p))
 	}
@@ -83,7 +98,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 
 	// The connection is hijacked, so this handler returns and the
 	// connection lives on in two fresh goroutines with small stacks: its
-	// writer and its reader.
+	// writer and its reader (which starts a commander at the first
+	// command, and stops it when the connection ends).
 	done := make(chan struct{})
 	s.conns.Go(func() {
 		defer close(done)
@@ -92,6 +108,9 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	s.conns.Go(func() {
 		defer s.metrics.conns.WithLabelValues("ws").Dec()
 		c.read()
+		if c.cmds != nil {
+			c.cmds.stop()
+		}
 		c.w.q.finish(ending{}) // the peer left or the connection broke: stop the writer.
 		<-done
 	})
@@ -104,7 +123,7 @@ func (c *wsConn) write() {
 	if err != nil {
 		_ = c.send(errorFrame(err, ""))
 	}
-	if end.code == 0 {
+	if c.flush() != nil || end.code == 0 {
 		_ = c.ws.CloseNow()
 		return
 	}
@@ -113,7 +132,7 @@ func (c *wsConn) write() {
 
 func (c *wsConn) run() (ending, error) {
 	ctx := c.s.ctx
-	f := &feed{s: c.s, p: c.p, id: c.id, w: c.w, frames: true, access: c.access}
+	f := &feed{s: c.s, p: c.p, id: c.id, w: c.w, access: c.access}
 	t, err := c.s.hub.join(ctx, c.id, c.w)
 	if err != nil {
 		return f.failed(err)
@@ -148,14 +167,44 @@ func (c *wsConn) run() (ending, error) {
 	return f.pump(ctx, c)
 }
 
-func (c *wsConn) event(ev *event) error { return c.send(ev.frame) }
-func (c *wsConn) frame(b []byte) error  { return c.send(b) }
-func (c *wsConn) heartbeat() error      { return nil }
+// event writes ev's frame: live events come with theirs, built once for
+// every watcher; a history event's is built in a scratch buffer.
+func (c *wsConn) event(ev *event) error {
+	if ev.frame != nil {
+		return c.send(ev.frame)
+	}
+	c.scratch = session.AppendEventFrame(c.scratch[:0], ev.raw)
+	err := c.send(c.scratch)
+	if cap(c.scratch) > maxBatchBytes {
+		c.scratch = nil
+	}
+	return err
+}
 
+func (c *wsConn) frame(b []byte) error { return c.send(b) }
+func (c *wsConn) heartbeat() error     { return nil }
+
+// send writes a message into the current batch. The write has no context:
+// a context that ends closes the whole connection in coder/websocket, and
+// one per message costs a timer. The batchConn's write deadline bounds it.
 func (c *wsConn) send(b []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.writeTimeout)
-	defer cancel()
-	if err := c.ws.Write(ctx, websocket.MessageText, b); err != nil {
+	if !c.holding {
+		c.conn.hold()
+		c.holding = true
+	}
+	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
+		return &writeFailed{err: err}
+	}
+	return nil
+}
+
+// flush sends the batch.
+func (c *wsConn) flush() error {
+	if !c.holding {
+		return nil
+	}
+	c.holding = false
+	if err := c.conn.release(); err != nil {
 		return &writeFailed{err: err}
 	}
 	return nil
@@ -214,18 +263,11 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 		}
 		cmd = session.Command{Op: session.OpApprove, ApprovalID: f.ID, Allow: *f.Allow}
 	}
-	reply, err := c.s.call(c.s.ctx, c.p, c.id, cmd, true)
-	if err != nil {
-		if session.AsError(err).Code == session.CodeInternal {
-			c.s.log.Error("session command", "session", string(c.id), "op", string(cmd.Op), "err", err)
-		}
-		c.reply(errorFrame(err, cid))
-		return
+	if c.cmds == nil {
+		c.cmds = newCommander(c)
+		c.s.conns.Go(c.cmds.run) // legal: this reader is counted in conns.
 	}
-	if cmd.Op == session.OpPrompt {
-		ack, _ := json.Marshal(session.AckFrame{Type: session.FrameAck, ClientID: f.ClientID, Seq: reply.Seq})
-		c.reply(ack)
-	}
+	c.cmds.submit(&pending{cmd: cmd, clientID: cid})
 }
 
 // reply queues a frame for the writer.

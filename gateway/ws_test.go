@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -472,5 +473,97 @@ func TestWS_ServerClose(t *testing.T) {
 	}
 	if code, body := e.call("GET", "/readyz", "", nil); code != http.StatusServiceUnavailable {
 		t.Fatalf("readyz after close: %d %s", code, body)
+	}
+}
+
+// TestWS_PipelinedPrompts: prompts sent without waiting for their acks are
+// all acknowledged once, and appended in the order their frames arrived,
+// whether the session is active or has to be woken by the first of them.
+func TestWS_PipelinedPrompts(t *testing.T) {
+	e := newEnv(t)
+	s := e.create("alice", "pipeline")
+	c := e.dial(s.ID, "alice", 0)
+	c.nextOf(session.FrameHello)
+	c.events(1)
+
+	round := func(t *testing.T, name string, n int) {
+		t.Helper()
+		first := session.Seq(len(e.node.Events(s.ID)) + 1)
+		for i := range n {
+			c.send(map[string]string{"type": "prompt", "text": "pipelined", "client_id": name + strconv.Itoa(i)})
+		}
+		acks := map[string]session.Seq{}
+		for len(acks) < n {
+			f := c.next()
+			if f["type"] != session.FrameAck {
+				if f["type"] == session.FrameError {
+					t.Fatalf("error frame %v", f)
+				}
+				continue
+			}
+			id := f["client_id"].(string)
+			if _, dup := acks[id]; dup {
+				t.Fatalf("two acks for %s", id)
+			}
+			acks[id] = session.Seq(f["seq"].(float64))
+		}
+		for i := range n {
+			if got, want := acks[name+strconv.Itoa(i)], first+session.Seq(i); got != want {
+				t.Fatalf("prompt %d appended at %d, want %d: frames were reordered", i, got, want)
+			}
+		}
+		evs := e.node.Events(s.ID)
+		for i := range n {
+			if ev := evs[int(first)-1+i]; !strings.Contains(string(ev), `"client_id":"`+name+strconv.Itoa(i)+`"`) {
+				t.Fatalf("event %d is %s", int(first)+i, ev)
+			}
+		}
+	}
+	t.Run("active", func(t *testing.T) { round(t, "a", 100) })
+	t.Run("hibernated", func(t *testing.T) {
+		e.node.Hibernate(s.ID)
+		before := e.node.Activations()
+		round(t, "h", 40)
+		if e.node.Activations() == before || !e.node.Active(s.ID) {
+			t.Fatal("the session was not woken")
+		}
+	})
+	t.Run("active again", func(t *testing.T) { round(t, "b", 50) })
+}
+
+// TestWS_WriteTimeout: a client that stops reading is disconnected when a
+// write to it stalls for the write timeout, however long its queue.
+func TestWS_WriteTimeout(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.WriteTimeout = 200 * time.Millisecond
+		c.SendQueue = 1 << 20
+	})
+	s := e.create("alice", "stalled")
+	srv := httptest.NewUnstartedServer(e.gw.Handler())
+	srv.Listener = smallBuffers{srv.Listener}
+	srv.Start()
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	dialer := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8<<10) })
+	}}
+	conn, _, err := websocket.Dial(ctx, wsURL(srv.URL, s.ID, 0), &websocket.DialOptions{
+		HTTPClient:   &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}},
+		HTTPHeader:   http.Header{"Authorization": {"Bearer dev:alice"}},
+		Subprotocols: []string{session.Subprotocol},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	eventually(t, "the watcher to join", func() bool { return metric(t, e.reg, "atrium_gateway_watchers") == 1 })
+	text := strings.Repeat("x", 32<<10)
+	for range 40 { // far more than the socket buffers hold
+		e.node.Append(s.ID, session.KindOutput, session.OutputData{Turn: 1, Stream: "stdout", Text: text})
+	}
+	eventually(t, "the stalled watcher to be closed", func() bool { return metric(t, e.reg, "atrium_gateway_watchers") == 0 })
+	if n := metric(t, e.reg, "atrium_gateway_slow_consumer_disconnects_total"); n != 0 {
+		t.Fatalf("closed as a slow consumer (%v), not by the write timeout", n)
 	}
 }
