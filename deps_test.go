@@ -10,8 +10,9 @@ const module = "github.com/atriumhq/atrium"
 
 // TestDependencyDirection enforces the layering of DESIGN §2: imports flow
 // downward only. session/ and web/ use the standard library only; storage/ and
-// compute/ (L1) never import each other or L2; actor/ and gateway/ never import
-// each other; nothing imports cmd/.
+// compute/ (L1) never import each other or L2, except that compute/ may use
+// storage/blob (the workspace is saved to object storage); actor/ and gateway/
+// never import each other; nothing imports cmd/.
 func TestDependencyDirection(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, "./...").Output()
 	if err != nil {
@@ -22,7 +23,7 @@ func TestDependencyDirection(t *testing.T) {
 		"session": {"*"},
 		"web":     {"*"},
 		"storage": {"compute", "actor", "gateway", "cmd"},
-		"compute": {"storage", "actor", "gateway", "cmd"},
+		"compute": {"actor", "gateway", "cmd"},
 		"actor":   {"gateway", "cmd"},
 		"gateway": {"actor", "storage", "compute", "cmd"},
 	}
@@ -48,6 +49,9 @@ func TestDependencyDirection(t *testing.T) {
 				if depTree == ban {
 					t.Errorf("%s imports %s: %s must not depend on %s (DESIGN §2)", pkg, dep, tree, ban)
 				}
+			}
+			if tree == "compute" && treeOf(dep) == "storage" && subtree(dep) != "storage/blob" {
+				t.Errorf("%s imports %s: compute may use storage/blob only (DESIGN §2)", pkg, dep)
 			}
 			// L1 packages of different trees under storage/ never import each other.
 			if tree == "storage" && depTree == "storage" && subtree(pkg) != subtree(dep) {

@@ -1,0 +1,61 @@
+// Package audit is the gateway's durable record of decisions that matter:
+// logins, API token creation and revocation, membership and role changes,
+// denied requests and session deletions, with who, what, when and from where.
+//
+// Entries never carry prompt text, harness payloads or credentials.
+package audit
+
+import (
+	"context"
+	"time"
+)
+
+// Outcomes of an Entry.
+const (
+	OK     = "ok"
+	Denied = "denied"
+	Failed = "failed"
+)
+
+// Actions of an Entry.
+const (
+	ActLogin          = "login"
+	ActLoginFailed    = "login_failed"
+	ActLogout         = "logout"
+	ActAuthFailed     = "auth_failed"
+	ActTokenCreated   = "token_created"
+	ActTokenRevoked   = "token_revoked"
+	ActMemberChanged  = "member_changed"
+	ActSessionCreated = "session_created"
+	ActSessionDeleted = "session_deleted"
+	ActDenied         = "denied"
+)
+
+// Entry is one audit record. ID and Time are set by the log when empty.
+type Entry struct {
+	ID      string    `json:"id"`
+	Time    time.Time `json:"time"`
+	Tenant  string    `json:"tenant"`
+	Actor   string    `json:"actor"` // the user, or "" when nobody was authenticated
+	Via     string    `json:"via,omitempty"`
+	Action  string    `json:"action"`
+	Session string    `json:"session,omitempty"`
+	Target  string    `json:"target,omitempty"` // e.g. the member whose role changed, or a token id
+	Outcome string    `json:"outcome"`
+	Detail  string    `json:"detail,omitempty"` // a short reason; never a secret or prompt text
+	Remote  string    `json:"remote"`           // the caller's address
+}
+
+// Recorder records audit entries. Record must not block its caller for long
+// and reports failures (a full or unreachable store) as errors; callers
+// decide whether a failure to audit refuses the request.
+type Recorder interface {
+	Record(ctx context.Context, e Entry) error
+}
+
+// Discard is a Recorder that records nothing, for tests and tools.
+var Discard Recorder = discard{}
+
+type discard struct{}
+
+func (discard) Record(context.Context, Entry) error { return nil }
