@@ -1,0 +1,449 @@
+// Package config is Atrium's configuration file: one YAML document, with
+// every setting overridable by an environment variable (ATRIUM_ followed by
+// the setting's path in upper case, dots as underscores: auth.oidc.issuer is
+// ATRIUM_AUTH_OIDC_ISSUER). Unknown keys are errors, defaults are filled in by
+// Load, and Validate says which setting is wrong and how to fix it.
+//
+// Only cmd/atrium reads configuration; the packages it wires take plain
+// Config structs.
+package config
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Defaults of File.
+const (
+	DefaultListen         = "127.0.0.1:7080"
+	DefaultDataDir        = ".atrium"
+	DefaultHibernateAfter = 30 * time.Second
+	DefaultTurnTimeout    = 30 * time.Minute
+	DefaultCancelGrace    = 5 * time.Second
+	DefaultSleepAfter     = 10 * time.Minute
+	DefaultMaxLifetime    = 24 * time.Hour
+	DefaultCookieTTL      = 12 * time.Hour
+	DefaultLogFormat      = "json"
+	DefaultLogLevel       = "info"
+)
+
+// Auth modes.
+const (
+	AuthOIDC   = "oidc"   // an OIDC provider, plus API tokens
+	AuthTokens = "tokens" // API tokens only (bots and automation; tokens are created with `atrium token create` by an admin)
+	AuthDev    = "dev"    // the dev identity: loopback only, `atrium dev` only
+)
+
+// File is the configuration file. Field tags give the YAML keys.
+type File struct {
+	// Listen is the HTTP address of the gateway.
+	Listen string `yaml:"listen"`
+	// PublicURL is the URL people and bots reach the gateway at (behind a
+	// proxy, the proxy's URL). It is the base of the OIDC redirect URL and an
+	// allowed Origin. Default: http://<listen>.
+	PublicURL string `yaml:"public_url"`
+	// DataDir holds session histories, sandboxes and the embedded NATS store.
+	DataDir string `yaml:"data_dir"`
+	// AllowedOrigins lists extra browser origins allowed to open WebSockets
+	// and send state-changing requests (patterns as in path.Match).
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	Log            Log      `yaml:"log"`
+	Auth           Auth     `yaml:"auth"`
+	Node           Node     `yaml:"node"`
+	Sandbox        Sandbox  `yaml:"sandbox"`
+	Storage        Storage  `yaml:"storage"`
+}
+
+// Log configures logging.
+type Log struct {
+	Format string `yaml:"format"` // json or text
+	Level  string `yaml:"level"`  // debug, info, warn, error
+}
+
+// Auth configures who may call Atrium.
+type Auth struct {
+	// Mode is oidc, tokens or dev. Required for `atrium serve`.
+	Mode string `yaml:"mode"`
+	OIDC OIDC   `yaml:"oidc"`
+	// CookieKey seals the browser login cookie: 32 or more random bytes,
+	// base64-encoded. Secret.
+	CookieKey string `yaml:"cookie_key" secret:"true"`
+	// CookieTTL is how long a browser login lasts.
+	CookieTTL time.Duration `yaml:"cookie_ttl"`
+	// AuditPrompts records prompt text in the audit log (off by default).
+	AuditPrompts bool `yaml:"audit_prompts"`
+}
+
+// OIDC configures the organisation's OpenID Connect provider.
+type OIDC struct {
+	Issuer       string   `yaml:"issuer"`
+	ClientID     string   `yaml:"client_id"`
+	ClientSecret string   `yaml:"client_secret" secret:"true"`
+	Scopes       []string `yaml:"scopes"`
+	// Audience, if set, is also accepted as the audience of JWT access
+	// tokens sent as bearers.
+	Audience string `yaml:"audience"`
+	// UserClaim names the claim that is a user's name (default email, then sub).
+	UserClaim string `yaml:"user_claim"`
+	// TenantClaim names the claim holding a user's tenant (an organisation
+	// or group claim); DefaultTenant is used for single-tenant installs.
+	TenantClaim   string `yaml:"tenant_claim"`
+	DefaultTenant string `yaml:"default_tenant"`
+	// GroupsClaim names the claim listing a user's groups; members of
+	// AdminGroup are tenant admins.
+	GroupsClaim string `yaml:"groups_claim"`
+	AdminGroup  string `yaml:"admin_group"`
+	// CLIClientID (and a non-confidential CLIClientSecret, for providers
+	// that require one from installed apps) is the client `atrium login`
+	// uses; default ClientID.
+	CLIClientID     string `yaml:"cli_client_id"`
+	CLIClientSecret string `yaml:"cli_client_secret"`
+}
+
+// Node configures session actors.
+type Node struct {
+	HibernateAfter time.Duration `yaml:"hibernate_after"`
+	TurnTimeout    time.Duration `yaml:"turn_timeout"`
+	CancelGrace    time.Duration `yaml:"cancel_grace"`
+}
+
+// Sandbox configures compute.
+type Sandbox struct {
+	// Provider is local (bubblewrap on this host) or remote (VMs through a
+	// provisioning hook running `atrium sandbox-agent`).
+	Provider string `yaml:"provider"`
+	// UnsafeNoSandbox runs local harnesses without bubblewrap.
+	UnsafeNoSandbox bool `yaml:"unsafe_no_sandbox"`
+	// MemoryBytes and Pids limit each sandbox (0: provider default).
+	MemoryBytes int64 `yaml:"memory_bytes"`
+	Pids        int   `yaml:"pids"`
+	// SleepAfter puts an idle sandbox to sleep (workspace saved first);
+	// MaxLifetime replaces a sandbox with a fresh one (workspace kept).
+	SleepAfter  time.Duration `yaml:"sleep_after"`
+	MaxLifetime time.Duration `yaml:"max_lifetime"`
+	Remote      Remote        `yaml:"remote"`
+}
+
+// Remote configures the provisioning hook of remote sandboxes: either
+// commands or an HTTP endpoint.
+type Remote struct {
+	Create []string `yaml:"create"`
+	Delete []string `yaml:"destroy"`
+	URL    string   `yaml:"url"`
+}
+
+// Storage configures object storage for workspaces (and, later, history
+// checkpoints).
+type Storage struct {
+	// Type is dir (a local directory; the default) or s3.
+	Type string `yaml:"type"`
+	Dir  string `yaml:"dir"` // default <data_dir>/objects
+	S3   S3     `yaml:"s3"`
+}
+
+// S3 configures an S3-compatible object store.
+type S3 struct {
+	Endpoint  string `yaml:"endpoint"` // host:port
+	Bucket    string `yaml:"bucket"`
+	Prefix    string `yaml:"prefix"`
+	Region    string `yaml:"region"`
+	AccessKey string `yaml:"access_key"`
+	SecretKey string `yaml:"secret_key" secret:"true"`
+	Insecure  bool   `yaml:"insecure"` // plain HTTP (only for loopback or a trusted network)
+}
+
+// Load reads a configuration file (path "" means none: defaults only),
+// applies environment overrides from getenv, and fills defaults. It does not
+// validate: call Validate.
+func Load(path string, getenv func(string) string) (*File, error) {
+	f := &File{}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		if err := Parse(b, f); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if err := applyEnv(reflect.ValueOf(f).Elem(), "ATRIUM", getenv); err != nil {
+		return nil, err
+	}
+	f.fillDefaults()
+	return f, nil
+}
+
+// Parse decodes YAML into f, refusing unknown keys and trailing documents.
+func Parse(b []byte, f *File) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(f); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("parse: %w", err)
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("parse: more than one YAML document")
+	}
+	return nil
+}
+
+func (f *File) fillDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defDur := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&f.Listen, DefaultListen)
+	def(&f.DataDir, DefaultDataDir)
+	def(&f.Log.Format, DefaultLogFormat)
+	def(&f.Log.Level, DefaultLogLevel)
+	def(&f.Sandbox.Provider, "local")
+	def(&f.Storage.Type, "dir")
+	defDur(&f.Auth.CookieTTL, DefaultCookieTTL)
+	defDur(&f.Node.HibernateAfter, DefaultHibernateAfter)
+	defDur(&f.Node.TurnTimeout, DefaultTurnTimeout)
+	defDur(&f.Node.CancelGrace, DefaultCancelGrace)
+	defDur(&f.Sandbox.SleepAfter, DefaultSleepAfter)
+	defDur(&f.Sandbox.MaxLifetime, DefaultMaxLifetime)
+	if f.Auth.Mode == AuthOIDC {
+		def(&f.Auth.OIDC.UserClaim, "email")
+		def(&f.Auth.OIDC.GroupsClaim, "groups")
+		def(&f.Auth.OIDC.CLIClientID, f.Auth.OIDC.ClientID)
+		if len(f.Auth.OIDC.Scopes) == 0 {
+			f.Auth.OIDC.Scopes = []string{"openid", "profile", "email", "offline_access"}
+		}
+	}
+}
+
+// Validate checks f for `atrium serve` (dev false) or `atrium dev` (dev
+// true) and returns every problem found, each naming its setting.
+func (f *File) Validate(dev bool) error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if _, _, err := net.SplitHostPort(f.Listen); err != nil {
+		bad("listen", "%q is not host:port", f.Listen)
+	}
+	if f.PublicURL != "" {
+		if u, err := url.Parse(f.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("public_url", "%q is not an http(s) URL", f.PublicURL)
+		}
+	}
+	switch f.Log.Format {
+	case "json", "text":
+	default:
+		bad("log.format", "%q: want json or text", f.Log.Format)
+	}
+	switch f.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q: want debug, info, warn or error", f.Log.Level)
+	}
+	switch f.Auth.Mode {
+	case AuthOIDC:
+		o := f.Auth.OIDC
+		if o.Issuer == "" {
+			bad("auth.oidc.issuer", "required with auth.mode oidc (the URL of your OpenID Connect provider)")
+		} else if u, err := url.Parse(o.Issuer); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopbackHost(u.Hostname()))) {
+			bad("auth.oidc.issuer", "%q must be an https URL (http only for a loopback provider)", o.Issuer)
+		}
+		if o.ClientID == "" {
+			bad("auth.oidc.client_id", "required with auth.mode oidc")
+		}
+		if o.TenantClaim == "" && o.DefaultTenant == "" {
+			bad("auth.oidc.tenant_claim", "set the claim that names a user's tenant (e.g. org), or auth.oidc.default_tenant for a single-tenant install")
+		}
+		errs = append(errs, checkCookieKey(f.Auth.CookieKey)...)
+	case AuthTokens:
+	case AuthDev:
+		if !dev {
+			bad("auth.mode", "dev is only for `atrium dev`: choose oidc, or tokens for API-token-only access")
+		}
+	case "":
+		if !dev {
+			bad("auth.mode", "required: oidc (with auth.oidc.issuer) or tokens (API tokens only); `atrium serve` never runs without authentication")
+		}
+	default:
+		bad("auth.mode", "%q: want oidc, tokens or dev", f.Auth.Mode)
+	}
+	if f.Auth.CookieTTL < time.Minute {
+		bad("auth.cookie_ttl", "%v is too short (at least 1m)", f.Auth.CookieTTL)
+	}
+	for key, d := range map[string]time.Duration{
+		"node.hibernate_after": f.Node.HibernateAfter, "node.turn_timeout": f.Node.TurnTimeout,
+		"node.cancel_grace": f.Node.CancelGrace, "sandbox.sleep_after": f.Sandbox.SleepAfter,
+		"sandbox.max_lifetime": f.Sandbox.MaxLifetime,
+	} {
+		if d < 0 {
+			bad(key, "must be positive")
+		}
+	}
+	switch f.Sandbox.Provider {
+	case "local":
+	case "remote":
+		r := f.Sandbox.Remote
+		if (len(r.Create) == 0) == (r.URL == "") {
+			bad("sandbox.remote", "set either create/destroy commands or url (the provisioning hook)")
+		}
+		if len(r.Create) > 0 && len(r.Delete) == 0 {
+			bad("sandbox.remote.destroy", "required with sandbox.remote.create")
+		}
+		if f.Storage.Type != "s3" {
+			bad("storage.type", "remote sandboxes need s3: they move workspaces only through presigned URLs")
+		}
+	default:
+		bad("sandbox.provider", "%q: want local or remote", f.Sandbox.Provider)
+	}
+	switch f.Storage.Type {
+	case "dir":
+	case "s3":
+		s := f.Storage.S3
+		if s.Endpoint == "" {
+			bad("storage.s3.endpoint", "required with storage.type s3 (host:port)")
+		} else if strings.Contains(s.Endpoint, "://") {
+			bad("storage.s3.endpoint", "%q: give host:port without a scheme (use storage.s3.insecure for http)", s.Endpoint)
+		}
+		if s.Bucket == "" {
+			bad("storage.s3.bucket", "required with storage.type s3")
+		}
+		if s.AccessKey == "" || s.SecretKey == "" {
+			bad("storage.s3.access_key", "access_key and secret_key are required with storage.type s3")
+		}
+	default:
+		bad("storage.type", "%q: want dir or s3", f.Storage.Type)
+	}
+	return errors.Join(errs...)
+}
+
+// CookieKeyBytes decodes auth.cookie_key.
+func (f *File) CookieKeyBytes() ([]byte, error) {
+	return base64.StdEncoding.DecodeString(strings.TrimSpace(f.Auth.CookieKey))
+}
+
+func checkCookieKey(k string) []error {
+	const how = "generate one with: openssl rand -base64 32"
+	if k == "" {
+		return []error{fmt.Errorf("auth.cookie_key: required with auth.mode oidc (it seals browser logins); %s", how)}
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(k))
+	if err != nil {
+		return []error{fmt.Errorf("auth.cookie_key: not valid base64; %s", how)}
+	}
+	if len(b) < 32 {
+		return []error{fmt.Errorf("auth.cookie_key: %d bytes is too short (at least 32); %s", len(b), how)}
+	}
+	return nil
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// applyEnv sets every field of v whose variable (prefix + "_" + its YAML key
+// path in upper case) is set in the environment.
+func applyEnv(v reflect.Value, prefix string, getenv func(string) string) error {
+	t := v.Type()
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		key, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+		if key == "" || key == "-" {
+			continue
+		}
+		name := prefix + "_" + strings.ToUpper(key)
+		fv := v.Field(i)
+		if sf.Type.Kind() == reflect.Struct {
+			if err := applyEnv(fv, name, getenv); err != nil {
+				return err
+			}
+			continue
+		}
+		s := getenv(name)
+		if s == "" {
+			continue
+		}
+		if err := setFromString(fv, s); err != nil {
+			return fmt.Errorf("environment variable %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func setFromString(v reflect.Value, s string) error {
+	switch {
+	case v.Type() == reflect.TypeOf(time.Duration(0)):
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration like 30s or 10m", s)
+		}
+		v.SetInt(int64(d))
+	case v.Kind() == reflect.String:
+		v.SetString(s)
+	case v.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", s)
+		}
+		v.SetBool(b)
+	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", s)
+		}
+		v.SetInt(n)
+	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
+		var parts []string
+		for p := range strings.SplitSeq(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				parts = append(parts, p)
+			}
+		}
+		v.Set(reflect.ValueOf(parts))
+	default:
+		return fmt.Errorf("cannot be set from the environment")
+	}
+	return nil
+}
+
+// Redacted returns f as YAML with every secret replaced by "<redacted>"
+// (or "" when unset), for `atrium config check`.
+func (f *File) Redacted() ([]byte, error) {
+	c := *f
+	redact(reflect.ValueOf(&c).Elem())
+	return yaml.Marshal(&c)
+}
+
+func redact(v reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		fv := v.Field(i)
+		if t.Field(i).Type.Kind() == reflect.Struct {
+			redact(fv)
+			continue
+		}
+		if t.Field(i).Tag.Get("secret") == "true" && fv.Kind() == reflect.String && fv.String() != "" {
+			fv.SetString("<redacted>")
+		}
+	}
+}
