@@ -115,7 +115,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	case session.OpHistory:
 		s.opHistory(msg, c)
 	case session.OpInfo:
-		sess := s.sessionFor(who.User)
+		sess := s.sessionFor(who)
 		respond(msg, session.Reply{Session: &sess})
 	case session.OpMember:
 		s.opMember(msg, who.User, c)

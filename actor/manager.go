@@ -172,12 +172,12 @@ func (m *manager) checkDone() {
 }
 
 // principal reads the caller from a request's headers, which only gateways
-// set.
+// set: user, tenant, tenant admin and cap.
 func principal(msg *nats.Msg) session.Principal {
 	if msg.Header == nil {
 		return session.Principal{}
 	}
-	return session.Principal{User: msg.Header.Get(session.HeaderUser), Tenant: msg.Header.Get(session.HeaderTenant)}
+	return session.PrincipalFrom(msg.Header.Get)
 }
 
 // respond answers a request with rep; a request without a reply subject is

@@ -341,7 +341,7 @@ func (s *sessionActor) answerPlace(p *placeMsg) {
 			return
 		}
 		s.creator = nil
-		sess := s.sessionFor(p.user.User)
+		sess := s.sessionFor(p.user)
 		respond(p.msg, session.Reply{Session: &sess})
 		return
 	}
@@ -880,15 +880,14 @@ func catalogEntry(m session.Meta, last session.Seq, state session.State, sb sess
 	}
 }
 
-// roleOf returns user's role; a caller from another tenant has none.
+// roleOf returns p's role (session.RoleFor): a caller from another tenant
+// has none, a tenant admin is an owner, and a credential's cap lowers it.
 func (s *sessionActor) roleOf(p session.Principal) session.Role {
-	if s.meta.Tenant != "" && p.Tenant != s.meta.Tenant {
-		return session.RoleNone
-	}
-	return s.meta.Members.RoleOf(p.User)
+	return session.RoleFor(p, s.meta.Tenant, s.meta.Owner, s.meta.Members)
 }
 
-func (s *sessionActor) sessionFor(user string) session.Session {
+// sessionFor returns the Session object as p sees it.
+func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 	state := s.sandboxState
 	if s.sandbox != nil {
 		state = s.sandbox.State()
@@ -896,6 +895,6 @@ func (s *sessionActor) sessionFor(user string) session.Session {
 	return session.Session{
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
-		Sandbox: session.SandboxInfo{State: state}, Role: s.meta.Members.RoleOf(user),
+		Sandbox: session.SandboxInfo{State: state}, Role: s.roleOf(p),
 	}
 }

@@ -104,6 +104,7 @@ func (n *fakeNode) onPlace(m *nats.Msg) {
 		n.appendLocked(s, session.KindSessionCreated, user, session.SessionCreatedData{Title: req.Title})
 		n.activateLocked(s)
 		sess := s.entry.SessionFor(user)
+		sess.Role = session.RoleFor(session.PrincipalFrom(m.Header.Get), s.entry.Tenant, s.entry.Owner, s.entry.Members)
 		n.respond(m, session.Reply{Session: &sess})
 	case session.PlaceActivate:
 		s, ok := n.sessions[req.Session]
@@ -172,7 +173,8 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 		n.respondErr(m, session.Errorf(session.CodeBadRequest, "bad command"))
 		return
 	}
-	user := m.Header.Get(session.HeaderUser)
+	p := session.PrincipalFrom(m.Header.Get)
+	user := p.User
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.cmds = append(n.cmds, cmd)
@@ -181,7 +183,7 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 		n.respondErr(m, session.Errorf(session.CodeNotFound, "session not found"))
 		return
 	}
-	role := s.entry.Members.RoleOf(user)
+	role := session.RoleFor(p, s.entry.Tenant, s.entry.Owner, s.entry.Members)
 	act := session.ActRead
 	switch cmd.Op {
 	case session.OpPrompt, session.OpCancel, session.OpApprove:
@@ -214,6 +216,7 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 		n.respond(m, r)
 	case session.OpInfo:
 		sess := s.entry.SessionFor(user)
+		sess.Role = role
 		n.respond(m, session.Reply{Session: &sess})
 	case session.OpMember:
 		if cmd.Role.Valid() {

@@ -61,7 +61,12 @@ type feed struct {
 	w  *watcher
 	// access is what the catalog said; until the owner has answered once,
 	// history requests activate the session only if it allowed the caller.
-	access   access
+	access access
+	owner  string // the session's owner, when known: member changes never change the owner's role
+	// roleSeq is the last seq of the session when the watcher's role was
+	// read: member changes up to it are in that role already, and only
+	// later ones change it (a history replay must not apply old ones).
+	roleSeq  session.Seq
 	answered bool
 	limit    int         // events per history request; default historyPageLimit
 	last     session.Seq // seq of the last event written (or the resume point)
@@ -284,16 +289,19 @@ func (f *feed) emitPage(reply *session.Reply, out sink) error {
 	return nil
 }
 
-// emit writes ev, the next event, and follows the caller's role through
-// member changes.
+// emit writes ev, the next event, and makes a watcher's role follow member
+// changes after roleSeq: the new member role, as session.RoleFor makes it
+// for the caller (a tenant admin stays an owner; a cap still lowers it). A
+// caller left with no role is disconnected.
 func (f *feed) emit(ev *event, out sink) error {
 	if err := out.event(ev); err != nil {
 		return err
 	}
 	f.last = ev.seq
-	if ev.member != nil && ev.member.User == f.p.User {
-		f.w.setRole(ev.member.Role)
-		if !ev.member.Role.Valid() {
+	if ev.member != nil && ev.member.User == f.p.User && f.w != nil && ev.seq > f.roleSeq {
+		role := session.RoleFor(f.p, f.p.Tenant, f.owner, session.Members{f.p.User: ev.member.Role})
+		f.w.setRole(role)
+		if !role.Valid() {
 			return errRevoked
 		}
 	}

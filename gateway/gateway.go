@@ -11,6 +11,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -18,12 +19,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/web"
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +52,11 @@ const (
 	// DefaultPresenceTTL is how long another gateway's list of watchers
 	// counts without being refreshed.
 	DefaultPresenceTTL = 30 * time.Second
+	// DefaultTokenRecheck is how often the API token of an open WebSocket
+	// or SSE stream is checked again: a connection whose token was revoked
+	// or has expired is closed within this time (plus the token cache's
+	// auth.DefaultTokenCacheTTL).
+	DefaultTokenRecheck = 10 * time.Second
 )
 
 // Close codes and reasons of WebSockets (DESIGN §7).
@@ -56,6 +65,7 @@ const (
 	reasonShutdown     = "server shutting down: reconnect"
 	reasonDeleted      = "session deleted"
 	reasonRevoked      = "access revoked"
+	reasonTokenRevoked = "API token revoked or expired"
 )
 
 // Config configures a Server. NATS and Auth are required.
@@ -67,8 +77,24 @@ type Config struct {
 	// session.DefaultPrefix.
 	Subjects session.Subjects
 	// Auth identifies callers. If it is also an auth.Router, its login
-	// routes are served under /auth/.
+	// routes are served under /auth/; if it is an auth.Refresher, every
+	// request passes through its Refresh. API tokens need not be in it:
+	// the gateway asks Tokens first.
 	Auth auth.Authenticator
+	// Tokens is the store of API tokens: it authenticates bearers that
+	// start with auth.TokenPrefix (before Auth is asked) and serves
+	// /v1/tokens. Nil means a store on NATS, in the bucket
+	// "<prefix>_tokens".
+	Tokens *auth.Tokens
+	// Throttle, if set, slows down addresses that keep failing to
+	// authenticate, with API tokens or with Auth. Pass it here rather
+	// than wrapping Auth with auth.Throttled, so that token failures count
+	// too (and nothing counts twice).
+	Throttle *auth.Throttle
+	// Audit is the audit log written by the gateway and served at
+	// /v1/audit. Nil means a log on NATS (stream audit.DefaultStream);
+	// pass one to share it with Auth's login routes or to tune it.
+	Audit *audit.Log
 	// ID names this gateway in presence messages; default a random id.
 	ID string
 	// OriginPatterns lists extra origins (host patterns as in path.Match, or
@@ -89,6 +115,9 @@ type Config struct {
 	// DefaultPresenceInterval and DefaultPresenceTTL.
 	PresenceInterval time.Duration
 	PresenceTTL      time.Duration
+	// TokenRecheck is how often connections opened with an API token check
+	// it again; default DefaultTokenRecheck.
+	TokenRecheck time.Duration
 	// Registry receives the gateway's metrics and is served at /metrics;
 	// nil means a new registry that also has the Go and process collectors.
 	Registry *prometheus.Registry
@@ -102,7 +131,11 @@ type Config struct {
 type Server struct {
 	nc            *nats.Conn
 	subj          session.Subjects
-	auth          auth.Authenticator
+	auth          auth.Authenticator // Tokens, then Config.Auth, throttled
+	tokens        *auth.Tokens
+	audit         *audit.Log
+	authFailures  limiter // auth_failed entries, by address
+	denials       limiter // denied entries, by caller, session and op
 	id            string
 	origins       []string
 	sendQueue     int
@@ -111,6 +144,7 @@ type Server struct {
 	heartbeat     time.Duration
 	presenceEvery time.Duration
 	presenceTTL   time.Duration
+	tokenRecheck  time.Duration
 	log           *slog.Logger
 	metrics       *metrics
 	handler       http.Handler
@@ -154,7 +188,10 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		nc:            cfg.NATS,
 		subj:          cfg.Subjects,
-		auth:          cfg.Auth,
+		tokens:        cfg.Tokens,
+		audit:         cfg.Audit,
+		authFailures:  limiter{every: auditEvery},
+		denials:       limiter{every: auditEvery},
 		id:            cfg.ID,
 		origins:       cfg.OriginPatterns,
 		sendQueue:     cfg.SendQueue,
@@ -163,6 +200,7 @@ func New(cfg Config) (*Server, error) {
 		heartbeat:     cfg.Heartbeat,
 		presenceEvery: cfg.PresenceInterval,
 		presenceTTL:   cfg.PresenceTTL,
+		tokenRecheck:  cfg.TokenRecheck,
 		log:           cfg.Logger,
 		closed:        make(chan struct{}),
 	}
@@ -187,9 +225,28 @@ func New(cfg Config) (*Server, error) {
 	if s.presenceTTL <= 0 {
 		s.presenceTTL = DefaultPresenceTTL
 	}
+	if s.tokenRecheck <= 0 {
+		s.tokenRecheck = DefaultTokenRecheck
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	prefix := cmp.Or(cfg.Subjects.Prefix, session.DefaultPrefix)
+	if s.tokens == nil {
+		t, err := auth.NewTokens(auth.TokensConfig{NATS: cfg.NATS, Bucket: prefix + "_tokens", Logger: s.log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		s.tokens = t
+	}
+	if s.audit == nil {
+		l, err := audit.New(audit.Config{NATS: cfg.NATS, Prefix: prefix})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		s.audit = l
+	}
+	s.auth = auth.Throttled(tokensFirst{tokens: s.tokens, next: cfg.Auth}, cfg.Throttle)
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -212,6 +269,11 @@ func New(cfg Config) (*Server, error) {
 	if r, ok := cfg.Auth.(auth.Router); ok {
 		r.Routes(mux)
 	}
+	mux.Handle("GET /v1/whoami", s.authed(s.whoami))
+	mux.Handle("POST /v1/tokens", s.authed(s.createToken))
+	mux.Handle("GET /v1/tokens", s.authed(s.listTokens))
+	mux.Handle("DELETE /v1/tokens/{id}", s.authed(s.revokeToken))
+	mux.Handle("GET /v1/audit", s.authed(s.listAudit))
 	mux.Handle("POST /v1/sessions", s.authed(s.createSession))
 	mux.Handle("GET /v1/sessions", s.authed(s.listSessions))
 	mux.Handle("GET /v1/sessions/{id}", s.authed(s.getSession))
@@ -224,7 +286,11 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/sessions/{id}/ws", s.authed(s.serveWS))
 	mux.Handle("/v1/", s.authed(s.noRoute))
 	mux.Handle("/", ui)
-	s.handler = s.secure(s.instrument(mux))
+	var h http.Handler = s.instrument(mux)
+	if r, ok := cfg.Auth.(auth.Refresher); ok {
+		h = r.Refresh(h) // outside instrument, which reads the pattern the mux sets on its request.
+	}
+	s.handler = s.secure(h)
 
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.hub = newHub(s)
@@ -233,6 +299,7 @@ func New(cfg Config) (*Server, error) {
 	s.bg.Go(s.hub.run)
 	s.bg.Go(s.maintain)
 	s.bg.Go(s.watchCatalog)
+	s.bg.Go(s.recheckTokens)
 	return s, nil
 }
 
@@ -334,6 +401,56 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	}
+}
+
+// recheckTokens closes connections whose API token was revoked or has
+// expired since they were opened, checking every tokenRecheck until the
+// server closes. A token store that cannot be reached closes nothing.
+func (s *Server) recheckTokens() {
+	t := time.NewTicker(s.tokenRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, w := range s.hub.tokenWatchers() {
+			ctx, cancel := context.WithTimeout(s.ctx, s.reqTimeout)
+			_, err := s.tokens.Verify(ctx, w.token)
+			cancel()
+			if errors.Is(err, session.ErrUnauthenticated) {
+				w.q.finish(ending{code: websocket.StatusPolicyViolation, reason: reasonTokenRevoked})
+			}
+		}
+	}
+}
+
+// apiToken returns the API token a request authenticated p with, if any.
+func apiToken(r *http.Request, p session.Principal) string {
+	if p.Via != session.ViaToken {
+		return ""
+	}
+	h := r.Header.Get("Authorization")
+	if len(h) < len("bearer ") {
+		return ""
+	}
+	return strings.TrimSpace(h[len("bearer "):])
+}
+
+// tokensFirst authenticates API tokens with the token store and every other
+// credential with next.
+type tokensFirst struct {
+	tokens *auth.Tokens
+	next   auth.Authenticator
+}
+
+func (a tokensFirst) Authenticate(r *http.Request) (session.Principal, error) {
+	p, err := a.tokens.Authenticate(r)
+	if errors.Is(err, auth.ErrNoCredentials) {
+		return a.next.Authenticate(r)
+	}
+	return p, err
 }
 
 var tokenEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)

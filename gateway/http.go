@@ -10,34 +10,69 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/atriumhq/atrium/gateway/audit"
+	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/session"
 )
 
 // authed wraps a handler that needs an authenticated caller. It also refuses
-// state-changing requests from foreign origins, since browsers send the login
-// cookie with them.
+// state-changing requests that a browser may have been tricked into sending
+// with the login cookie: those from foreign origins, and cookie-authenticated
+// ones without an Origin header.
 func (s *Server) authed(h func(http.ResponseWriter, *http.Request, session.Principal)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.auth.Authenticate(r)
 		if err != nil {
-			e := session.AsError(err)
-			if e.Code == session.CodeInternal {
-				s.log.Error("authenticate", "err", err)
-			}
-			if e.Code == session.CodeUnauthenticated {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="atrium"`)
-			}
-			writeError(w, e)
+			s.refuseAuth(w, r, err)
 			return
 		}
-		if !safeMethod(r.Method) && !s.originAllowed(r) {
-			writeError(w, session.Errorf(session.CodeForbidden,
-				"cross-origin request from %s refused: add it to the gateway's allowed origins", r.Header.Get("Origin")))
-			return
+		if !safeMethod(r.Method) {
+			var refused *session.Error
+			switch {
+			case !s.originAllowed(r):
+				refused = session.Errorf(session.CodeForbidden,
+					"cross-origin request from %s refused: add it to the gateway's allowed origins", r.Header.Get("Origin"))
+			case p.Via == session.ViaCookie && r.Header.Get("Origin") == "":
+				refused = session.Errorf(session.CodeForbidden,
+					"a request authenticated by the login cookie must carry an Origin header: "+
+						"send it from the web UI, or use Authorization: Bearer <token> from scripts")
+			}
+			if refused != nil {
+				e := entry(p, remoteOf(r), audit.ActDenied)
+				e.Outcome, e.Detail = audit.Denied, r.Method+" "+r.URL.Path+": "+refused.Message
+				if ok, _ := s.denials.allow(p.Tenant+"\x00"+p.User+"\x00\x00"+refused.Message, time.Now()); ok {
+					s.record(r.Context(), e)
+				}
+				writeError(w, refused)
+				return
+			}
 		}
 		h(w, r, p)
 	})
+}
+
+// refuseAuth answers a request whose authentication failed: 401 with a
+// WWW-Authenticate challenge that says why, 429 with Retry-After for a
+// throttled address, or the error's own code. Failed authentications are
+// audited; requests without credentials are not failures.
+func (s *Server) refuseAuth(w http.ResponseWriter, r *http.Request, err error) {
+	e := session.AsError(err)
+	switch e.Code {
+	case session.CodeInternal:
+		s.log.Error("authenticate", "err", err)
+	case session.CodeUnavailable:
+		s.log.Warn("authenticate", "err", err)
+	case session.CodeUnauthenticated:
+		w.Header().Set("WWW-Authenticate", auth.Challenge(err))
+	}
+	failed := e.Code == session.CodeTooManyRequests ||
+		e.Code == session.CodeUnauthenticated && (!errors.Is(err, auth.ErrNoCredentials) || r.Header.Get("Authorization") != "")
+	if failed {
+		s.auditAuthFailed(r, err)
+	}
+	writeError(w, err)
 }
 
 func safeMethod(m string) bool {
@@ -147,14 +182,21 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if e.Code == session.CodeInternal || e.Code == session.CodeUnavailable {
 		s.log.Warn("request failed", "route", r.Pattern, "code", string(e.Code), "err", err)
 	}
-	writeError(w, e)
+	writeError(w, err)
 }
 
 // writeError answers with the contract's error body and the code's status.
+// An error of code too_many_requests sets Retry-After: from its
+// RetryAfter() method if it has one, else one second.
 func writeError(w http.ResponseWriter, err error) {
 	e := session.AsError(err)
 	if e.Code == session.CodeTooManyRequests && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "1")
+		secs := int64(1)
+		var ra interface{ RetryAfter() time.Duration }
+		if errors.As(err, &ra) {
+			secs = max(1, int64((ra.RetryAfter()+time.Second-1)/time.Second))
+		}
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
 	writeJSON(w, e.Code.HTTPStatus(), session.ErrorBody{Error: e})
 }

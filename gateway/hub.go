@@ -28,6 +28,7 @@ type watcher struct {
 	user  string
 	since session.Time
 	sse   bool         // SSE streams get events only, no presence frames
+	token string       // the API token the connection authenticated with; "" if none
 	role  atomic.Value // session.Role; follows member_changed events
 	q     queue
 }
@@ -313,6 +314,21 @@ func (h *hub) refreshPresence(now time.Time) {
 			h.markDirty(t)
 		}
 	}
+}
+
+// tokenWatchers returns the watchers that authenticated with an API token.
+func (h *hub) tokenWatchers() []*watcher {
+	var out []*watcher
+	for _, t := range h.topicsSnapshot() {
+		t.mu.Lock()
+		for w := range t.watchers {
+			if w.token != "" {
+				out = append(out, w)
+			}
+		}
+		t.mu.Unlock()
+	}
+	return out
 }
 
 // heartbeat asks every SSE writer for a heartbeat.

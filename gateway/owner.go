@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/nats-io/nats.go"
@@ -136,28 +137,30 @@ func (s *Server) check(ctx context.Context, p session.Principal, id session.ID, 
 }
 
 // do checks p may perform act on id, then sends cmd to the session's actor,
-// activating it if the catalog allowed p (see access).
-func (s *Server) do(ctx context.Context, p session.Principal, id session.ID, act session.Action, cmd session.Command) (*session.Reply, error) {
+// activating it if the catalog allowed p (see access). A refusal for lack of
+// role, by the catalog or by the actor, is audited.
+func (s *Server) do(r *http.Request, p session.Principal, id session.ID, act session.Action, cmd session.Command) (*session.Reply, error) {
+	ctx := r.Context()
 	a, err := s.check(ctx, p, id, act)
 	if err != nil {
 		return nil, err
 	}
 	reply, err := s.call(ctx, p, id, cmd, a.allowed())
 	if errors.Is(err, errNotActive) {
-		return nil, a.notActive()
+		err = a.notActive()
 	}
-	return reply, err
+	if err != nil {
+		s.auditDenied(ctx, remoteOf(r), p, id, string(cmd.Op), a.entry, err)
+		return nil, err
+	}
+	return reply, nil
 }
 
-// roleIn returns p's role on a catalogued session; none across tenants.
+// roleIn returns p's role on a catalogued session (session.RoleFor): none
+// across tenants, owner for the owner and the tenant's admins, then lowered
+// to p's cap.
 func roleIn(e *session.CatalogEntry, p session.Principal) session.Role {
-	if e.Tenant != p.Tenant {
-		return session.RoleNone
-	}
-	if e.Owner == p.User {
-		return session.RoleOwner
-	}
-	return e.Members.RoleOf(p.User)
+	return session.RoleFor(p, e.Tenant, e.Owner, e.Members)
 }
 
 // catalogError reports a catalog failure as unavailable; the cause stays in

@@ -248,6 +248,7 @@ func (k *commander) answer(p *pending, reply *session.Reply, err error) {
 		if session.AsError(err).Code == session.CodeInternal {
 			c.s.log.Error("session command", "session", string(c.id), "op", string(p.cmd.Op), "err", err)
 		}
+		c.s.auditDenied(k.ctx, c.remote, c.p, c.id, string(p.cmd.Op)+" frame", c.access.entry, err)
 		c.reply(errorFrame(err, p.clientID))
 		return
 	}
@@ -257,11 +258,9 @@ func (k *commander) answer(p *pending, reply *session.Reply, err error) {
 	}
 }
 
-// principalHeader returns the NATS headers that carry p.
+// principalHeader returns the NATS headers that carry p: user, tenant,
+// tenant admin and cap, so that the node decides p's role as the gateway
+// does (session.RoleFor).
 func principalHeader(p session.Principal) nats.Header {
-	h := nats.Header{session.HeaderUser: {p.User}}
-	if p.Tenant != "" {
-		h[session.HeaderTenant] = []string{p.Tenant}
-	}
-	return h
+	return nats.Header(p.Headers())
 }

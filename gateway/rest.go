@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -34,6 +35,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		s.fail(w, r, err)
 		return
 	}
+	if !p.Limit(session.RoleOwner).AtLeast(session.RoleDriver) {
+		err := session.Errorf(session.CodeForbidden, "this credential is limited to the %s role: it cannot create sessions", p.Cap)
+		s.auditDenied(r.Context(), remoteOf(r), p, "", "create", nil, err)
+		s.fail(w, r, err)
+		return
+	}
 	id := session.NewID()
 	reply, err := s.place(r.Context(), p, session.PlaceRequest{
 		Op: session.PlaceCreate, Session: id, Title: body.Title, Harness: body.Harness,
@@ -55,6 +62,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		sess = info.Session
 	}
 	s.refreshCatalog(r.Context(), sess.ID)
+	e := entry(p, remoteOf(r), audit.ActSessionCreated)
+	e.Session = string(sess.ID)
+	if body.Harness.Template != "" {
+		e.Detail = "harness template " + body.Harness.Template
+	} else if len(body.Harness.Command) > 0 {
+		e.Detail = "harness command"
+	}
+	s.record(r.Context(), e)
 	w.Header().Set("Location", "/v1/sessions/"+string(sess.ID))
 	writeJSON(w, http.StatusCreated, sess)
 }
@@ -88,15 +103,17 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p session.Pr
 		return
 	}
 	reply, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, false)
+	if errors.Is(err, errNotActive) && !a.allowed() {
+		err = a.notActive()
+	}
 	switch {
-	case errors.Is(err, errNotActive) && !a.allowed():
-		s.fail(w, r, a.notActive())
-	case errors.Is(err, errNotActive):
+	case errors.Is(err, errNotActive): // and the catalog allowed the caller
 		sess := a.entry.SessionFor(p.User)
 		sess.Role = roleIn(a.entry, p)
 		sess.State = session.StateHibernated
 		writeJSON(w, http.StatusOK, sess)
 	case err != nil:
+		s.auditDenied(r.Context(), remoteOf(r), p, id, string(session.OpInfo), a.entry, err)
 		s.fail(w, r, err)
 	case reply.Session == nil:
 		s.fail(w, r, session.Errorf(session.CodeInternal, "info reply of session %s has no session", id))
@@ -108,11 +125,14 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p session.Pr
 // deleteSession serves DELETE /v1/sessions/{id} → 204 (owner).
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	if _, err := s.do(r.Context(), p, id, session.ActManage, session.Command{Op: session.OpDelete}); err != nil {
+	if _, err := s.do(r, p, id, session.ActManage, session.Command{Op: session.OpDelete}); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.cache.forget(id)
+	e := entry(p, remoteOf(r), audit.ActSessionDeleted)
+	e.Session = string(id)
+	s.record(r.Context(), e)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -132,7 +152,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.P
 		s.fail(w, r, err)
 		return
 	}
-	reply, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{
+	reply, err := s.do(r, p, id, session.ActDrive, session.Command{
 		Op: session.OpPrompt, Text: body.Text, ClientID: body.ClientID,
 	})
 	if err != nil {
@@ -153,7 +173,7 @@ func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request, p session.Pr
 		s.fail(w, r, err)
 		return
 	}
-	if _, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{Op: session.OpCancel}); err != nil {
+	if _, err := s.do(r, p, id, session.ActDrive, session.Command{Op: session.OpCancel}); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -175,7 +195,7 @@ func (s *Server) approve(w http.ResponseWriter, r *http.Request, p session.Princ
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "allow": true or false`))
 		return
 	}
-	if _, err := s.do(r.Context(), p, id, session.ActDrive, session.Command{
+	if _, err := s.do(r, p, id, session.ActDrive, session.Command{
 		Op: session.OpApprove, ApprovalID: aid, Allow: *body.Allow,
 	}); err != nil {
 		s.fail(w, r, err)
@@ -209,11 +229,17 @@ func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, err)
 		return
 	}
-	if _, err := s.do(r.Context(), p, id, session.ActManage, session.Command{Op: session.OpMember, User: user, Role: role}); err != nil {
+	if _, err := s.do(r, p, id, session.ActManage, session.Command{Op: session.OpMember, User: user, Role: role}); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.refreshCatalog(r.Context(), id)
+	e := entry(p, remoteOf(r), audit.ActMemberChanged)
+	e.Session, e.Target, e.Detail = string(id), user, "role "+string(role)
+	if role == session.RoleNone {
+		e.Detail = "removed"
+	}
+	s.record(r.Context(), e)
 	writeJSON(w, http.StatusOK, struct {
 		User string       `json:"user"`
 		Role session.Role `json:"role"`
@@ -252,6 +278,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, p session.Princi
 	f := &feed{s: s, p: p, id: id, access: a, limit: limit}
 	reply, err := f.open(r.Context(), after)
 	if err != nil {
+		s.auditDenied(r.Context(), remoteOf(r), p, id, string(session.OpHistory), a.entry, err)
 		s.fail(w, r, err)
 		return
 	}

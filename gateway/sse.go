@@ -43,6 +43,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 	defer stop()
 
 	wt := s.newWatcher(p.User, true)
+	wt.token = apiToken(r, p)
 	if a.allowed() {
 		wt.setRole(roleIn(a.entry, p))
 	}
@@ -53,11 +54,16 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 	}
 	defer s.hub.leave(t, wt)
 	f := &feed{s: s, p: p, id: id, w: wt, access: a}
+	if a.entry != nil {
+		f.owner = a.entry.Owner
+	}
 	first, err := f.open(ctx, after)
 	if err != nil {
+		s.auditDenied(ctx, remoteOf(r), p, id, "watch", a.entry, err)
 		s.fail(w, r, err)
 		return
 	}
+	f.roleSeq = first.LastSeq // the owner let the caller read as of then.
 
 	s.metrics.conns.WithLabelValues("sse").Inc()
 	defer s.metrics.conns.WithLabelValues("sse").Dec()

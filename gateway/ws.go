@@ -25,6 +25,7 @@ type wsConn struct {
 	w      *watcher
 	after  session.Seq // the resume point
 	access access
+	remote string // the client's address, for the audit log
 
 	// Owned by the writer goroutine.
 	holding bool   // conn holds a batch: flush releases it
@@ -55,6 +56,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 			if errors.Is(err, errNotActive) {
 				err = a.notActive()
 			}
+			s.auditDenied(r.Context(), remoteOf(r), p, id, "watch", a.entry, err)
 			s.fail(w, r, err)
 			return
 		}
@@ -90,7 +92,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	}
 	ws.SetReadLimit(session.MaxFrameBytes) // a bigger frame closes with 1009.
 
-	c := &wsConn{s: s, ws: ws, conn: hj.conn, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a}
+	c := &wsConn{s: s, ws: ws, conn: hj.conn, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a, remote: remoteOf(r)}
+	c.w.token = apiToken(r, p)
 	if a.allowed() {
 		c.w.setRole(roleIn(a.entry, p))
 	}
@@ -141,6 +144,7 @@ func (c *wsConn) run() (ending, error) {
 
 	first, err := f.open(ctx, c.after)
 	if err != nil {
+		c.s.auditDenied(ctx, c.remote, c.p, c.id, "watch", c.access.entry, err)
 		return f.failed(err)
 	}
 	info, err := c.s.call(ctx, c.p, c.id, session.Command{Op: session.OpInfo}, true)
@@ -148,9 +152,11 @@ func (c *wsConn) run() (ending, error) {
 		err = session.Errorf(session.CodeInternal, "info reply of session %s has no session", c.id)
 	}
 	if err != nil {
+		c.s.auditDenied(ctx, c.remote, c.p, c.id, "watch", c.access.entry, err)
 		return f.failed(err)
 	}
 	sess := *info.Session
+	f.owner, f.roleSeq = sess.Owner, sess.LastSeq
 	c.w.setRole(sess.Role)
 	hello, err := json.Marshal(session.HelloFrame{
 		Type: session.FrameHello, Session: sess, You: session.You{User: c.p.User, Role: sess.Role}, LastSeq: first.LastSeq,
@@ -243,6 +249,7 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 		return
 	}
 	if err := session.Authorize(c.w.getRole(), session.ActDrive); err != nil {
+		c.s.auditDenied(c.s.ctx, c.remote, c.p, c.id, f.Type+" frame", c.access.entry, err)
 		c.reply(errorFrame(err, cid))
 		return
 	}

@@ -43,6 +43,10 @@ func (s Subjects) OwnersBucket() string { return s.p() + "_owners" }
 const (
 	HeaderUser   = "Atrium-User"
 	HeaderTenant = "Atrium-Tenant"
+	// HeaderAdmin is "1" when the caller is an admin of its tenant.
+	HeaderAdmin = "Atrium-Admin"
+	// HeaderCap is the caller's cap (Principal.Cap), when it has one.
+	HeaderCap = "Atrium-Cap"
 	// HeaderControl on a message of the Events subject marks a control
 	// message rather than an event. Its value is a ControlKind.
 	HeaderControl = "Atrium-Control"

@@ -1,5 +1,7 @@
 package session
 
+import "time"
+
 // Role is a user's role on a session. Each role can do what the roles below
 // it can: a viewer reads; a driver also prompts, cancels and approves; an owner
 // also manages members and deletes.
@@ -47,6 +49,55 @@ func ParseRole(s string) (Role, error) {
 type Principal struct {
 	User   string `json:"user"`
 	Tenant string `json:"tenant,omitempty"`
+	// Admin marks a tenant admin: owner of every session of its tenant,
+	// and a reader of the tenant's audit log.
+	Admin bool `json:"admin,omitempty"`
+	// Cap is the most this credential may do on any session, whatever the
+	// user's role there: API tokens carry one. RoleNone means no cap.
+	Cap Role `json:"cap,omitempty"`
+	// Via says how the caller authenticated: one of the Via* constants.
+	Via string `json:"via,omitempty"`
+	// Expires is when the credential stops working; zero if it does not
+	// or is not known. Never sent to nodes.
+	Expires time.Time `json:"expires_at,omitzero"`
+}
+
+// How a Principal authenticated (Principal.Via).
+const (
+	ViaCookie = "cookie" // the browser login cookie
+	ViaOIDC   = "oidc"   // a bearer ID or access token of the OIDC issuer
+	ViaToken  = "token"  // an Atrium API token
+	ViaDev    = "dev"    // the dev identity of `atrium dev`
+)
+
+// Limit returns r lowered to p's cap: the role p acts with where its user
+// has r. A cap that is not a role grants nothing.
+func (p Principal) Limit(r Role) Role {
+	switch {
+	case p.Cap == RoleNone:
+		return r
+	case !p.Cap.Valid():
+		return RoleNone
+	case r.rank() > p.Cap.rank():
+		return p.Cap
+	}
+	return r
+}
+
+// RoleFor is the one decision of what p may do on a session of tenant,
+// owned by owner, with members m; gateways and nodes both use it. A session
+// of another tenant gives no role (it does not exist for p). Its owner and
+// the tenant's admins are owners; anyone else has their member role. The
+// result is then lowered to p's cap.
+func RoleFor(p Principal, tenant, owner string, m Members) Role {
+	if p.Tenant != tenant || p.User == "" {
+		return RoleNone
+	}
+	r := m.RoleOf(p.User)
+	if p.User == owner || p.Admin {
+		r = RoleOwner
+	}
+	return p.Limit(r)
 }
 
 // Members maps user names to roles.
@@ -86,4 +137,32 @@ func Authorize(role Role, a Action) error {
 		return Errorf(CodeForbidden, "this needs the %s role; you are a %s", a.Need(), role)
 	}
 	return nil
+}
+
+// Headers returns the NATS message headers that carry p from a gateway to a
+// node: HeaderUser, and HeaderTenant, HeaderAdmin and HeaderCap when set.
+func (p Principal) Headers() map[string][]string {
+	h := map[string][]string{HeaderUser: {p.User}}
+	if p.Tenant != "" {
+		h[HeaderTenant] = []string{p.Tenant}
+	}
+	if p.Admin {
+		h[HeaderAdmin] = []string{"1"}
+	}
+	if p.Cap != RoleNone {
+		h[HeaderCap] = []string{string(p.Cap)}
+	}
+	return h
+}
+
+// PrincipalFrom reads the principal that Headers wrote; get returns a
+// header's value, "" when absent. A cap that is not a role is kept as it
+// is, so that it grants nothing (see Limit).
+func PrincipalFrom(get func(key string) string) Principal {
+	return Principal{
+		User:   get(HeaderUser),
+		Tenant: get(HeaderTenant),
+		Admin:  get(HeaderAdmin) == "1",
+		Cap:    Role(get(HeaderCap)),
+	}
 }

@@ -25,7 +25,8 @@ const (
 )
 
 // clientCommands returns the CLI client commands: new, ls, send, logs,
-// attach, cancel, share, approve, rm. Each has its own --server and --token.
+// attach, cancel, share, approve, rm, and the identity commands login,
+// logout, whoami, token and audit. Each has its own --server (and --token).
 func clientCommands(env *cliEnv) []*cobra.Command {
 	cmds := []*cobra.Command{
 		newNewCmd(env),
@@ -37,25 +38,51 @@ func clientCommands(env *cliEnv) []*cobra.Command {
 		newShareCmd(env),
 		newApproveCmd(env),
 		newRmCmd(env),
+		newLoginCmd(env),
+		newLogoutCmd(env),
+		newWhoamiCmd(env),
+		newTokenCmd(env),
+		newAuditCmd(env),
 	}
 	for _, c := range cmds {
-		c.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-			return usageError(c, "%v", err)
-		})
+		setFlagErrors(c)
 	}
 	return cmds
+}
+
+// setFlagErrors makes flag mistakes of c and its subcommands usage errors.
+func setFlagErrors(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError(c, "%v", err)
+	})
+	for _, sub := range c.Commands() {
+		setFlagErrors(sub)
+	}
 }
 
 // connFlags are the flags that say which server to talk to, as whom.
 type connFlags struct {
 	server, token string
+	// source says where the credentials came from, for whoami.
+	source string
+	// login is the stored login in use, if any.
+	login *storedLogin
 }
+
+// Sources of a client's credentials, in the order they are looked for.
+const (
+	sourceFlag  = "--token"
+	sourceEnv   = envToken
+	sourceLogin = "login"
+	sourceDev   = "dev"
+)
 
 const connHelp = `
 Connection: --server (or ATRIUM_SERVER, default ` + DefaultServer + `) is the
-gateway's URL; --token (or ATRIUM_TOKEN) is the bearer token. With neither
-token given, the token is dev:$USER: the dev identity that 'atrium dev'
-accepts from this machine.`
+gateway's URL. The credentials are, in this order: --token (or ATRIUM_TOKEN),
+a bearer token such as an API token atr_...; the login stored by
+'atrium login' for that server, refreshed as needed; or else dev:$USER, the
+dev identity that 'atrium dev' accepts from this machine.`
 
 func (f *connFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.server, "server", DefaultServer, "gateway URL (env "+envServer+")")
@@ -63,36 +90,86 @@ func (f *connFlags) register(cmd *cobra.Command) {
 	cmd.Long += "\n" + connHelp
 }
 
-// client resolves the flags, environment and defaults into a Client.
-func (f *connFlags) client(cmd *cobra.Command, env *cliEnv) (*client.Client, error) {
-	getenv := env.getenv
-	if getenv == nil {
-		getenv = func(string) string { return "" }
-	}
+// registerServer adds only --server, for commands that send no
+// credentials (login, logout).
+func (f *connFlags) registerServer(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.server, "server", DefaultServer, "gateway URL (env "+envServer+")")
+}
+
+// anonymous resolves --server and ATRIUM_SERVER into a Client that sends no
+// credentials.
+func (f *connFlags) anonymous(cmd *cobra.Command, env *cliEnv) (*client.Client, error) {
 	server := f.server
 	if !cmd.Flags().Changed("server") {
-		if v := getenv(envServer); v != "" {
+		if v := lookupEnv(env, envServer); v != "" {
 			server = v
 		}
 	}
-	token := f.token
-	if !cmd.Flags().Changed("token") {
-		token = getenv(envToken)
-		if token == "" {
-			user := getenv("USER")
-			if user == "" {
-				user = "you"
-			}
-			token = "dev:" + user
-		}
-	}
-	c, err := client.New(server, token)
+	c, err := client.New(server, "")
 	if err != nil {
 		return nil, usageError(cmd, "%v", err)
 	}
 	c.UserAgent = "atrium-cli/1"
 	f.server = c.Server
 	return c, nil
+}
+
+// client resolves the flags, environment, stored logins and defaults into
+// a Client: --token / ATRIUM_TOKEN, else the stored login for the server
+// (refreshed now if it is about to expire), else dev:$USER.
+func (f *connFlags) client(cmd *cobra.Command, env *cliEnv) (*client.Client, error) {
+	c, err := f.anonymous(cmd, env)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cmd.Flags().Changed("token"):
+		c.Token, f.source = f.token, sourceFlag
+	case lookupEnv(env, envToken) != "":
+		c.Token, f.source = lookupEnv(env, envToken), sourceEnv
+	default:
+		src, err := storedTokens(env, c.Server)
+		if err != nil {
+			return nil, err
+		}
+		if src == nil {
+			user := lookupEnv(env, "USER")
+			if user == "" {
+				user = "you"
+			}
+			c.Token, f.source = "dev:"+user, sourceDev
+			break
+		}
+		// Refresh now, so an expired login is reported before the
+		// command starts rather than in the middle of it.
+		if _, err := src.Token(cmd.Context()); err != nil {
+			return nil, err
+		}
+		c.Tokens, f.source, f.login = src, sourceLogin, src.login
+	}
+	return c, nil
+}
+
+// storedTokens returns the token source of the login stored for server,
+// or nil when there is none (or no configuration directory to look in).
+func storedTokens(env *cliEnv, server string) (*loginTokens, error) {
+	store, err := newCredStore(env)
+	if err != nil {
+		return nil, nil // nowhere to look: no stored login
+	}
+	l, err := store.get(server)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	return &loginTokens{store: store, server: server, now: time.Now, login: l}, nil
+}
+
+// lookupEnv reads an environment variable through env.
+func lookupEnv(env *cliEnv, k string) string {
+	if env.getenv == nil {
+		return ""
+	}
+	return env.getenv(k)
 }
 
 // cliError is an error message for people: what went wrong and, on the next
@@ -149,7 +226,7 @@ func explain(err error, server string) error {
 		hint := ""
 		switch se.Code {
 		case session.CodeUnauthenticated:
-			hint = "pass --token or set " + envToken + " (a dev server accepts --token dev:<user>)"
+			hint = "run 'atrium login', or pass --token or set " + envToken + " (a dev server accepts --token dev:<user>)"
 		case session.CodeForbidden:
 			hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
 		case session.CodeNotFound:

@@ -2,7 +2,13 @@
 // logins, API token creation and revocation, membership and role changes,
 // denied requests and session deletions, with who, what, when and from where.
 //
-// Entries never carry prompt text, harness payloads or credentials.
+// Log keeps the entries in a JetStream stream (file storage, one subject per
+// tenant, kept DefaultMaxAge) and lists a tenant's entries newest first, with
+// filters and opaque cursors.
+//
+// Entries never carry prompt text, harness payloads or credentials. Nothing
+// in Atrium records prompts or harness output here, so there is no setting
+// to include them.
 package audit
 
 import (

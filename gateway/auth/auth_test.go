@@ -50,7 +50,11 @@ func TestDev_Authenticate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p, err := d.Authenticate(request(c.remote, c.authz, c.cookie))
 			if c.user != "" {
-				if err != nil || p.User != c.user || p.Tenant != "t1" {
+				via := session.ViaDev
+				if c.authz == "" {
+					via = session.ViaCookie // a browser: the gateway's CSRF rules apply
+				}
+				if err != nil || p.User != c.user || p.Tenant != "t1" || p.Via != via {
 					t.Fatalf("got %+v, %v", p, err)
 				}
 				return
@@ -155,5 +159,18 @@ func TestChain(t *testing.T) {
 	auth.Chain(fixed{}, dev).(auth.Router).Routes(mux)
 	if _, pattern := mux.Handler(httptest.NewRequest("GET", "/auth/dev?user=a", nil)); pattern != "GET /auth/dev" {
 		t.Fatalf("chain did not register the dev login route: %q", pattern)
+	}
+	if _, pattern := mux.Handler(httptest.NewRequest("GET", "/auth/config", nil)); pattern != "GET /auth/config" {
+		t.Fatalf("chain did not register /auth/config: %q", pattern)
+	}
+	if got := dev.Describe(); got.Mode != auth.ModeDev || got.LoginURL != "/auth/dev" || got.Issuer != "" {
+		t.Fatalf("dev describes itself as %+v", got)
+	}
+	// A chain with no Refresher member passes requests through untouched.
+	called := false
+	h := auth.Chain(fixed{}, dev).(auth.Refresher).Refresh(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called = true }))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	if !called {
+		t.Fatal("Refresh did not call next")
 	}
 }

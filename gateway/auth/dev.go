@@ -31,6 +31,7 @@ type Dev struct {
 var (
 	_ Authenticator = (*Dev)(nil)
 	_ Router        = (*Dev)(nil)
+	_ Describer     = (*Dev)(nil)
 )
 
 // Authenticate implements Authenticator.
@@ -40,7 +41,7 @@ func (d *Dev) Authenticate(r *http.Request) (session.Principal, error) {
 		if !ok {
 			return session.Principal{}, noCredentials("invalid token: dev auth accepts only Authorization: Bearer dev:<user>")
 		}
-		return d.principal(r, user)
+		return d.principal(r, user, session.ViaDev)
 	}
 	if c, err := r.Cookie(DevCookie); err == nil {
 		b, err := base64.RawURLEncoding.DecodeString(c.Value)
@@ -48,13 +49,15 @@ func (d *Dev) Authenticate(r *http.Request) (session.Principal, error) {
 			return session.Principal{}, session.Errorf(session.CodeUnauthenticated,
 				"invalid %s cookie: log in again at /auth/dev?user=<user>", DevCookie)
 		}
-		return d.principal(r, string(b))
+		return d.principal(r, string(b), session.ViaCookie)
 	}
 	return session.Principal{}, noCredentials(
 		"no credentials: send Authorization: Bearer dev:<user>, or log in at /auth/dev?user=<user>")
 }
 
-func (d *Dev) principal(r *http.Request, user string) (session.Principal, error) {
+// principal is the dev principal user, authenticated via via: a browser's
+// cookie is ViaCookie, so that the gateway's CSRF rules apply to it too.
+func (d *Dev) principal(r *http.Request, user, via string) (session.Principal, error) {
 	if !loopback(r) {
 		return session.Principal{}, errLoopbackOnly
 	}
@@ -62,7 +65,13 @@ func (d *Dev) principal(r *http.Request, user string) (session.Principal, error)
 		return session.Principal{}, session.Errorf(session.CodeUnauthenticated,
 			"invalid dev user: %s", session.AsError(err).Message)
 	}
-	return session.Principal{User: user, Tenant: d.Tenant}, nil
+	return session.Principal{User: user, Tenant: d.Tenant, Via: via}, nil
+}
+
+// Describe implements Describer: mode "dev", with the browser login at
+// /auth/dev.
+func (d *Dev) Describe() ConfigInfo {
+	return ConfigInfo{Mode: ModeDev, LoginURL: "/auth/dev"}
 }
 
 var errLoopbackOnly = session.Errorf(session.CodeUnauthenticated,

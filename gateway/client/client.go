@@ -41,7 +41,13 @@ type Client struct {
 	Server string
 	// Token is sent as "Authorization: Bearer <Token>" when not empty: an
 	// OIDC token, an Atrium API token, or "dev:<user>" for `atrium dev`.
+	// It is ignored when Tokens is set.
 	Token string
+	// Tokens, when not nil, supplies the bearer token of every request and
+	// of every WebSocket (re)connection, so a credential that expires
+	// (an OIDC ID token) can be refreshed during a long-lived Watch. An
+	// error from it fails the request without sending anything.
+	Tokens TokenSource
 	// HTTP carries every request, WebSocket handshakes included. It should
 	// have no overall Timeout: contexts bound each call, and a timeout would
 	// cut live streams.
@@ -282,23 +288,39 @@ func (c *Client) httpClient() *http.Client {
 	return http.DefaultClient
 }
 
-func (c *Client) header() http.Header {
+// header returns the headers of a request: the User-Agent and, when auth is
+// true, the bearer token.
+func (c *Client) header(ctx context.Context, auth bool) (http.Header, error) {
 	h := http.Header{}
-	if c.Token != "" {
-		h.Set("Authorization", "Bearer "+c.Token)
+	if auth {
+		tok := c.Token
+		if c.Tokens != nil {
+			var err error
+			if tok, err = c.Tokens.Token(ctx); err != nil {
+				return nil, fmt.Errorf("get bearer token: %w", err)
+			}
+		}
+		if tok != "" {
+			h.Set("Authorization", "Bearer "+tok)
+		}
 	}
 	ua := c.UserAgent
 	if ua == "" {
 		ua = DefaultUserAgent
 	}
 	h.Set("User-Agent", ua)
-	return h
+	return h, nil
 }
 
 // do sends a REST request with body encoded as JSON (when not nil) and
 // decodes a 2xx response into out (when not nil). A non-2xx response becomes
 // an *session.Error carrying the server's code and message.
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	return c.send(ctx, method, path, true, body, out)
+}
+
+// send is do with the choice of sending the bearer token (auth) or not.
+func (c *Client) send(ctx context.Context, method, path string, auth bool, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -311,7 +333,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if err != nil {
 		return fmt.Errorf("build %s %s: %w", method, path, err)
 	}
-	req.Header = c.header()
+	if req.Header, err = c.header(ctx, auth); err != nil {
+		return err
+	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")

@@ -430,11 +430,15 @@ func (s *Stream) connect() (*websocket.Conn, session.HelloFrame, context.CancelF
 		return nil, hello, nil, err
 	}
 
+	header, err := s.c.header(cctx, true)
+	if err != nil {
+		return fail(nil, fmt.Errorf("connect to session %s: %w", s.id, err))
+	}
 	after := s.last.Load()
 	u := s.url + "?" + url.Values{"after": {strconv.FormatInt(after, 10)}}.Encode()
 	conn, resp, err := websocket.Dial(cctx, u, &websocket.DialOptions{
 		HTTPClient:   s.c.httpClient(),
-		HTTPHeader:   s.c.header(),
+		HTTPHeader:   header,
 		Subprotocols: []string{session.Subprotocol},
 	})
 	if err != nil {

@@ -5,8 +5,13 @@
 // knobs to break things on purpose: drop or close connections, replay
 // duplicates on resume, skip an event to make a gap.
 //
-// It authenticates "Authorization: Bearer dev:<user>" only. It is not the
-// real gateway; end-to-end tests should also run the real stack.
+// It also serves the identity routes of the contract (GET /auth/config,
+// /v1/whoami, /v1/tokens, /v1/audit) with the same shapes. It authenticates
+// "Authorization: Bearer dev:<user>", the API tokens it issued, and whatever
+// Options.Authenticate accepts (an OIDC ID token verified against a test
+// issuer, say), and applies tenants, tenant admins and token role caps the way
+// the contract says. It is not the real gateway; end-to-end tests should also
+// run the real stack.
 package clienttest
 
 import (
@@ -63,6 +68,19 @@ type Options struct {
 	// QueueSize bounds each WebSocket's queue of live frames; a watcher
 	// whose queue is full is closed with 1008 "slow consumer". Default 1024.
 	QueueSize int
+	// Auth is what GET /auth/config answers; the zero value answers
+	// {"mode":"dev","login_url":"/auth/dev"}.
+	Auth AuthConfig
+	// Authenticate resolves bearer tokens that are neither "dev:<user>"
+	// nor an API token of this server, e.g. OIDC ID tokens. nil rejects
+	// them. Its error's message is sent to the client.
+	Authenticate func(ctx context.Context, token string) (Identity, error)
+	// Tenant is the tenant of dev users; default none.
+	Tenant string
+	// Admins are the dev users who are tenant admins.
+	Admins []string
+	// AuditPageLimit caps the entries of one audit page; default 100.
+	AuditPageLimit int
 }
 
 // Server is a running fake gateway.
@@ -81,6 +99,8 @@ type Server struct {
 	nextConn int                      // guarded by mu
 	faults   Faults                   // guarded by mu
 	auths    []string                 // guarded by mu: Authorization headers seen
+	tokens   map[string]*ftoken       // guarded by mu: API tokens by id
+	auditLog []AuditEntry             // guarded by mu: oldest first
 }
 
 // Faults are deliberate protocol breakages (the real gateway never does
@@ -116,6 +136,7 @@ type fturn struct {
 type fconn struct {
 	id    string
 	user  string
+	who   Identity
 	since session.Time
 	ws    *websocket.Conn
 	queue chan []byte
@@ -141,7 +162,13 @@ func New(tb testing.TB, opts Options) *Server {
 	if opts.QueueSize <= 0 {
 		opts.QueueSize = 1024
 	}
-	s := &Server{opts: opts, sessions: map[session.ID]*fsession{}}
+	if opts.Auth.Mode == "" {
+		opts.Auth = AuthConfig{Mode: "dev", LoginURL: "/auth/dev"}
+	}
+	if opts.AuditPageLimit <= 0 {
+		opts.AuditPageLimit = 100
+	}
+	s := &Server{opts: opts, sessions: map[session.ID]*fsession{}, tokens: map[string]*ftoken{}}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.http = httptest.NewServer(s.handler())
 	s.URL = s.http.URL
@@ -249,22 +276,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (s *Server) user(r *http.Request) (string, error) {
-	h := r.Header.Get("Authorization")
-	s.mu.Lock()
-	s.auths = append(s.auths, h)
-	s.mu.Unlock()
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
-		return "", session.Errorf(session.CodeUnauthenticated, "send Authorization: Bearer <token>")
-	}
-	user, ok := strings.CutPrefix(tok, "dev:")
-	if !ok || session.ValidUser(user) != nil {
-		return "", session.Errorf(session.CodeUnauthenticated, "invalid token")
-	}
-	return user, nil
-}
-
 func decodeBody(r *http.Request, v any) error {
 	if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, session.MaxFrameBytes)).Decode(v); err != nil {
 		return session.Errorf(session.CodeBadRequest, "bad JSON body: %v", err)
@@ -274,17 +285,24 @@ func decodeBody(r *http.Request, v any) error {
 
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
-	auth := func(h func(w http.ResponseWriter, r *http.Request, user string) error) http.HandlerFunc {
+	auth := func(h func(w http.ResponseWriter, r *http.Request, who Identity) error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			user, err := s.user(r)
-			if err == nil {
-				err = h(w, r, user)
-			}
+			who, err := s.identify(r)
 			if err != nil {
+				writeAuthError(w, err)
+				return
+			}
+			if err := h(w, r, who); err != nil {
 				writeError(w, err)
 			}
 		}
 	}
+	mux.HandleFunc("GET /auth/config", s.authConfig)
+	mux.HandleFunc("GET /v1/whoami", auth(s.whoami))
+	mux.HandleFunc("POST /v1/tokens", auth(s.createToken))
+	mux.HandleFunc("GET /v1/tokens", auth(s.listTokens))
+	mux.HandleFunc("DELETE /v1/tokens/{id}", auth(s.revokeToken))
+	mux.HandleFunc("GET /v1/audit", auth(s.audit))
 	mux.HandleFunc("POST /v1/sessions", auth(s.create))
 	mux.HandleFunc("GET /v1/sessions", auth(s.list))
 	mux.HandleFunc("GET /v1/sessions/{id}", auth(s.get))
@@ -302,7 +320,7 @@ func (s *Server) handler() http.Handler {
 }
 
 // lookupLocked returns the session and the caller's role, or not_found.
-func (s *Server) lookupLocked(r *http.Request, user string, act session.Action) (*fsession, error) {
+func (s *Server) lookupLocked(r *http.Request, who Identity, act session.Action) (*fsession, error) {
 	id := session.ID(r.PathValue("id"))
 	if err := id.Validate(); err != nil {
 		return nil, err
@@ -311,13 +329,16 @@ func (s *Server) lookupLocked(r *http.Request, user string, act session.Action) 
 	if ss == nil {
 		return nil, session.Errorf(session.CodeNotFound, "session %s not found", id)
 	}
-	if err := session.Authorize(ss.meta.Members.RoleOf(user), act); err != nil {
+	if err := session.Authorize(roleOf(ss, who), act); err != nil {
+		if session.AsError(err).Code == session.CodeForbidden {
+			s.recordLocked(r, who, AuditEntry{Action: "denied", Session: string(id), Outcome: "denied", Detail: err.Error()})
+		}
 		return nil, err
 	}
 	return ss, nil
 }
 
-func (s *Server) sessionForLocked(ss *fsession, user string) session.Session {
+func (s *Server) sessionForLocked(ss *fsession, who Identity) session.Session {
 	st := session.StateHibernated
 	if ss.running != nil {
 		st = session.StateActive
@@ -325,11 +346,12 @@ func (s *Server) sessionForLocked(ss *fsession, user string) session.Session {
 	return session.Session{
 		ID: ss.meta.ID, Title: ss.meta.Title, Owner: ss.meta.Owner, CreatedAt: ss.meta.CreatedAt,
 		LastSeq: session.Seq(len(ss.events)), Epoch: ss.meta.Epoch, State: st,
-		Sandbox: session.SandboxInfo{State: session.SandboxNone}, Role: ss.meta.Members.RoleOf(user),
+		Sandbox: session.SandboxInfo{State: session.SandboxNone}, Role: roleOf(ss, who),
 	}
 }
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) create(w http.ResponseWriter, r *http.Request, who Identity) error {
+	user := who.User
 	var body struct {
 		Title   string          `json:"title"`
 		Harness session.Harness `json:"harness"`
@@ -347,25 +369,26 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, user string) err
 	defer s.mu.Unlock()
 	ss := &fsession{
 		meta: session.Meta{
-			ID: session.NewID(), Title: body.Title, Owner: user, Epoch: session.NewEpoch(),
+			ID: session.NewID(), Title: body.Title, Owner: user, Tenant: who.Tenant, Epoch: session.NewEpoch(),
 			CreatedAt: session.Time{Time: time.Now().UTC()}, Members: session.Members{user: session.RoleOwner},
 			Harness: body.Harness,
 		},
 		conns: map[*fconn]struct{}{},
 	}
 	s.sessions[ss.meta.ID] = ss
+	s.recordLocked(r, who, AuditEntry{Action: "session_created", Session: string(ss.meta.ID), Outcome: "ok"})
 	s.appendLocked(ss, session.KindSessionCreated, user, session.SessionCreatedData{Title: body.Title})
-	writeJSON(w, http.StatusCreated, s.sessionForLocked(ss, user))
+	writeJSON(w, http.StatusCreated, s.sessionForLocked(ss, who))
 	return nil
 }
 
-func (s *Server) list(w http.ResponseWriter, _ *http.Request, user string) error {
+func (s *Server) list(w http.ResponseWriter, _ *http.Request, who Identity) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []session.Session{}
 	for _, ss := range s.sessions {
-		if ss.meta.Members.RoleOf(user).Valid() {
-			out = append(out, s.sessionForLocked(ss, user))
+		if roleOf(ss, who).Valid() {
+			out = append(out, s.sessionForLocked(ss, who))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt.Time) })
@@ -373,25 +396,26 @@ func (s *Server) list(w http.ResponseWriter, _ *http.Request, user string) error
 	return nil
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) get(w http.ResponseWriter, r *http.Request, who Identity) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActRead)
+	ss, err := s.lookupLocked(r, who, session.ActRead)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.sessionForLocked(ss, user))
+	writeJSON(w, http.StatusOK, s.sessionForLocked(ss, who))
 	return nil
 }
 
-func (s *Server) delete(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) delete(w http.ResponseWriter, r *http.Request, who Identity) error {
 	s.mu.Lock()
-	ss, err := s.lookupLocked(r, user, session.ActManage)
+	ss, err := s.lookupLocked(r, who, session.ActManage)
 	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
 	delete(s.sessions, ss.meta.ID)
+	s.recordLocked(r, who, AuditEntry{Action: "session_deleted", Session: string(ss.meta.ID), Outcome: "ok"})
 	if ss.running != nil {
 		ss.running.cancel()
 	}
@@ -411,7 +435,8 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, user string) err
 	return nil
 }
 
-func (s *Server) message(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) message(w http.ResponseWriter, r *http.Request, who Identity) error {
+	user := who.User
 	var body struct {
 		Text     string `json:"text"`
 		ClientID string `json:"client_id"`
@@ -421,7 +446,7 @@ func (s *Server) message(w http.ResponseWriter, r *http.Request, user string) er
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActDrive)
+	ss, err := s.lookupLocked(r, who, session.ActDrive)
 	if err != nil {
 		return err
 	}
@@ -433,10 +458,10 @@ func (s *Server) message(w http.ResponseWriter, r *http.Request, user string) er
 	return nil
 }
 
-func (s *Server) cancelREST(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) cancelREST(w http.ResponseWriter, r *http.Request, who Identity) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActDrive)
+	ss, err := s.lookupLocked(r, who, session.ActDrive)
 	if err != nil {
 		return err
 	}
@@ -447,7 +472,8 @@ func (s *Server) cancelREST(w http.ResponseWriter, r *http.Request, user string)
 	return nil
 }
 
-func (s *Server) approveREST(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) approveREST(w http.ResponseWriter, r *http.Request, who Identity) error {
+	user := who.User
 	var body struct {
 		Allow *bool `json:"allow"`
 	}
@@ -459,7 +485,7 @@ func (s *Server) approveREST(w http.ResponseWriter, r *http.Request, user string
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActDrive)
+	ss, err := s.lookupLocked(r, who, session.ActDrive)
 	if err != nil {
 		return err
 	}
@@ -470,7 +496,8 @@ func (s *Server) approveREST(w http.ResponseWriter, r *http.Request, user string
 	return nil
 }
 
-func (s *Server) member(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) member(w http.ResponseWriter, r *http.Request, who Identity) error {
+	user := who.User
 	var body struct {
 		Role string `json:"role"`
 	}
@@ -487,7 +514,7 @@ func (s *Server) member(w http.ResponseWriter, r *http.Request, user string) err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActManage)
+	ss, err := s.lookupLocked(r, who, session.ActManage)
 	if err != nil {
 		return err
 	}
@@ -499,19 +526,20 @@ func (s *Server) member(w http.ResponseWriter, r *http.Request, user string) err
 	} else {
 		ss.meta.Members[target] = role
 	}
+	s.recordLocked(r, who, AuditEntry{Action: "member_changed", Session: string(ss.meta.ID), Target: target, Outcome: "ok", Detail: "role " + string(role)})
 	s.appendLocked(ss, session.KindMemberChanged, user, session.MemberChangedData{User: target, Role: role})
 	w.WriteHeader(http.StatusOK)
 	return nil
 }
 
-func (s *Server) history(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) history(w http.ResponseWriter, r *http.Request, who Identity) error {
 	after, limit, err := parseRange(r)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, err := s.lookupLocked(r, user, session.ActRead)
+	ss, err := s.lookupLocked(r, who, session.ActRead)
 	if err != nil {
 		return err
 	}
@@ -674,13 +702,14 @@ func (c *fconn) enqueue(b []byte) {
 	}
 }
 
-func (s *Server) ws(w http.ResponseWriter, r *http.Request, user string) error {
+func (s *Server) ws(w http.ResponseWriter, r *http.Request, who Identity) error {
+	user := who.User
 	after, _, err := parseRange(r)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	_, err = s.lookupLocked(r, user, session.ActRead)
+	_, err = s.lookupLocked(r, who, session.ActRead)
 	if err == nil && s.faults.RejectWS > 0 {
 		s.faults.RejectWS--
 		err = session.Errorf(session.CodeUnavailable, "try again")
@@ -700,7 +729,7 @@ func (s *Server) ws(w http.ResponseWriter, r *http.Request, user string) error {
 	ws.SetReadLimit(session.MaxFrameBytes)
 
 	s.mu.Lock()
-	ss, err := s.lookupLocked(r, user, session.ActRead)
+	ss, err := s.lookupLocked(r, who, session.ActRead)
 	if err != nil {
 		s.mu.Unlock()
 		b, _ := json.Marshal(session.ErrorFrame{Type: session.FrameError, Code: session.AsError(err).Code, Message: err.Error()})
@@ -710,13 +739,13 @@ func (s *Server) ws(w http.ResponseWriter, r *http.Request, user string) error {
 	}
 	s.nextConn++
 	c := &fconn{
-		id: "c" + strconv.Itoa(s.nextConn), user: user, since: session.Time{Time: time.Now().UTC()},
+		id: "c" + strconv.Itoa(s.nextConn), user: user, who: who, since: session.Time{Time: time.Now().UTC()},
 		ws: ws, queue: make(chan []byte, s.opts.QueueSize), slow: make(chan struct{}),
 		kill: make(chan closeReq, 1),
 	}
 	hello, _ := json.Marshal(session.HelloFrame{
-		Type: session.FrameHello, Session: s.sessionForLocked(ss, user),
-		You: session.You{User: user, Role: ss.meta.Members.RoleOf(user)}, LastSeq: session.Seq(len(ss.events)),
+		Type: session.FrameHello, Session: s.sessionForLocked(ss, who),
+		You: session.You{User: user, Role: roleOf(ss, who)}, LastSeq: session.Seq(len(ss.events)),
 	})
 	from := after + 1
 	if after > 0 && s.faults.DuplicateOnResume > 0 {
@@ -808,7 +837,7 @@ func (s *Server) clientFrame(ss *fsession, c *fconn, b []byte) {
 		reply(session.Errorf(session.CodeNotFound, "session deleted"), f.ClientID)
 		return
 	}
-	if err := session.Authorize(ss.meta.Members.RoleOf(c.user), session.ActDrive); err != nil {
+	if err := session.Authorize(roleOf(ss, c.who), session.ActDrive); err != nil {
 		reply(err, f.ClientID)
 		return
 	}

@@ -271,6 +271,9 @@ func (f *File) Validate(dev bool) error {
 		if o.TenantClaim == "" && o.DefaultTenant == "" {
 			bad("auth.oidc.tenant_claim", "set the claim that names a user's tenant (e.g. org), or auth.oidc.default_tenant for a single-tenant install")
 		}
+		if o.TenantClaim != "" && o.DefaultTenant != "" {
+			bad("auth.oidc.default_tenant", "set either tenant_claim or default_tenant, not both (a user without the claim must not fall into the default tenant)")
+		}
 		errs = append(errs, checkCookieKey(f.Auth.CookieKey)...)
 	case AuthTokens:
 	case AuthDev:

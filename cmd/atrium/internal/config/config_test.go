@@ -105,6 +105,7 @@ func TestValidate(t *testing.T) {
 		"oidc incomplete":      {yaml: "auth:\n  mode: oidc\n", want: []string{"auth.oidc.issuer: required", "auth.oidc.client_id", "auth.oidc.tenant_claim", "auth.cookie_key: required", "openssl rand"}},
 		"oidc http issuer":     {yaml: "auth:\n  mode: oidc\n  cookie_key: " + goodKey + "\n  oidc: {issuer: 'http://id.example.com', client_id: a, default_tenant: t}\n", want: []string{"must be an https URL"}},
 		"oidc loopback http":   {yaml: "auth:\n  mode: oidc\n  cookie_key: " + goodKey + "\n  oidc: {issuer: 'http://127.0.0.1:5556', client_id: a, default_tenant: t}\n"},
+		"both tenant kinds":    {yaml: "auth:\n  mode: oidc\n  cookie_key: " + goodKey + "\n  oidc: {issuer: 'https://x', client_id: a, tenant_claim: org, default_tenant: t}\n", want: []string{"not both"}},
 		"short cookie key":     {yaml: "auth:\n  mode: oidc\n  cookie_key: c2hvcnQ=\n  oidc: {issuer: 'https://x', client_id: a, default_tenant: t}\n", want: []string{"5 bytes is too short"}},
 		"bad log":              {yaml: "auth: {mode: tokens}\nlog: {format: xml, level: loud}\n", want: []string{"log.format", "log.level"}},
 		"remote without hook":  {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote}\n", want: []string{"sandbox.remote", "storage.type: remote sandboxes need s3"}},
