@@ -158,6 +158,9 @@ type deviceFront struct {
 	ti  *testIssuer
 	srv *httptest.Server
 
+	// user logs in when the test approves a user code; default alice().
+	user mockoidc.User
+
 	mu         sync.Mutex
 	refuse     bool                  // guarded by mu: answer unauthorized_client to device requests
 	slowDownAt int                   // guarded by mu
@@ -269,7 +272,11 @@ func (d *deviceFront) approve(tb testing.TB, userCode string) {
 		tb.Fatalf("no device request with user code %q", userCode)
 	}
 	m := d.ti.m
-	m.QueueUser(alice())
+	if d.user != nil {
+		m.QueueUser(d.user)
+	} else {
+		m.QueueUser(alice())
+	}
 	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()

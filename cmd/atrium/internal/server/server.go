@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/gateway"
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/storage/sqlite"
 )
@@ -33,6 +35,13 @@ const (
 	DefaultDataDir        = ".atrium"
 	DefaultHibernateAfter = 30 * time.Second
 	DefaultTurnTimeout    = 30 * time.Minute
+)
+
+// Authentication modes of Config.AuthMode.
+const (
+	AuthDev    = "dev"
+	AuthOIDC   = "oidc"
+	AuthTokens = "tokens"
 )
 
 // Config configures a single-process deployment.
@@ -50,6 +59,18 @@ type Config struct {
 	CancelGrace time.Duration
 	// UnsafeNoSandbox runs harnesses without bubblewrap.
 	UnsafeNoSandbox bool
+	// AuthMode says how callers are identified: AuthDev (the default: the
+	// loopback-only dev identity), AuthOIDC (OIDC, plus API tokens) or
+	// AuthTokens (API tokens only).
+	AuthMode string
+	// OIDC configures AuthOIDC. Its RedirectURL defaults to PublicURL +
+	// "/auth/callback"; its Audit and Logger are set by Start.
+	OIDC auth.OIDCConfig
+	// PublicURL is the URL browsers reach the gateway at; default the
+	// listener's http URL.
+	PublicURL string
+	// AllowedOrigins lists extra browser origins (see gateway.Config).
+	AllowedOrigins []string
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -61,6 +82,7 @@ type Server struct {
 	nc   *nats.Conn
 	prov *local.Provider
 	host *actor.Host
+	oidc *auth.OIDC
 	gw   *gateway.Server
 	http *http.Server
 	ln   net.Listener
@@ -155,20 +177,62 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("start node: %w", err)
 	}
 
+	s.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w (is another atrium running? pick another address with --listen)", cfg.Listen, err)
+	}
+	if cfg.PublicURL == "" {
+		cfg.PublicURL = s.URL()
+	}
+	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
+	s.cfg.PublicURL = cfg.PublicURL
+
+	auditLog, err := audit.New(audit.Config{NATS: s.nc})
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	var authn auth.Authenticator
+	switch cfg.AuthMode {
+	case "", AuthDev:
+		authn = auth.Chain(&auth.Dev{})
+	case AuthTokens:
+		authn = auth.Chain()
+	case AuthOIDC:
+		oc := cfg.OIDC
+		if oc.RedirectURL == "" {
+			oc.RedirectURL = cfg.PublicURL + "/auth/callback"
+		}
+		oc.Audit = auditLog
+		oc.Logger = cfg.Logger.With("component", "oidc")
+		// The provider's keys are refreshed for as long as the server
+		// runs, so discovery gets a context that outlives start-up.
+		s.oidc, err = auth.NewOIDC(context.WithoutCancel(ctx), oc)
+		if err != nil {
+			return nil, err
+		}
+		authn = auth.Chain(s.oidc)
+	default:
+		return nil, fmt.Errorf("unknown auth mode %q: want dev, oidc or tokens", cfg.AuthMode)
+	}
+
+	var throttle *auth.Throttle
+	if s.AuthMode() != AuthDev {
+		// The dev identity is loopback-only: there is nobody to slow down.
+		throttle = &auth.Throttle{}
+	}
 	s.gw, err = gateway.New(gateway.Config{
-		NATS:   s.nc,
-		Auth:   &auth.Dev{},
-		ID:     "dev",
-		Logger: cfg.Logger.With("component", "gateway"),
+		NATS:           s.nc,
+		Auth:           authn,
+		Throttle:       throttle,
+		Audit:          auditLog,
+		ID:             "dev",
+		OriginPatterns: cfg.AllowedOrigins,
+		Logger:         cfg.Logger.With("component", "gateway"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 
-	s.ln, err = net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w (is another atrium running? pick another address with --listen)", cfg.Listen, err)
-	}
 	s.http = &http.Server{
 		Handler:           s.gw.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -183,6 +247,17 @@ func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 
 // DataDir returns the absolute data directory.
 func (s *Server) DataDir() string { return s.cfg.DataDir }
+
+// PublicURL returns the URL browsers reach the server at.
+func (s *Server) PublicURL() string { return s.cfg.PublicURL }
+
+// AuthMode returns how callers are identified (AuthDev, AuthOIDC, AuthTokens).
+func (s *Server) AuthMode() string {
+	if s.cfg.AuthMode == "" {
+		return AuthDev
+	}
+	return s.cfg.AuthMode
+}
 
 // Unsafe reports whether harnesses run without a sandbox.
 func (s *Server) Unsafe() bool { return s.cfg.UnsafeNoSandbox }
@@ -200,11 +275,17 @@ func (s *Server) Close(ctx context.Context) error {
 		if s.gw != nil {
 			errs = append(errs, s.gw.Close(ctx))
 		}
+		if s.http == nil && s.ln != nil {
+			s.ln.Close()
+		}
 		if s.http != nil {
 			errs = append(errs, s.http.Shutdown(ctx))
 			if err := <-s.serveDone; !errors.Is(err, http.ErrServerClosed) {
 				errs = append(errs, err)
 			}
+		}
+		if s.oidc != nil {
+			errs = append(errs, s.oidc.Close())
 		}
 		if s.host != nil {
 			errs = append(errs, s.host.Close(ctx))

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atriumhq/atrium/cmd/atrium/internal/config"
+	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/gateway/auth"
+)
+
+func newServeCmd(env *cliEnv) *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run Atrium from a configuration file, with authentication",
+		Long: `Run Atrium as configured by a YAML file (and ATRIUM_* environment overrides; see
+docs/configuration.md): the gateway, a node, an embedded NATS server and the
+configured sandboxes and object store, in one process.
+
+Unlike 'atrium dev', serve never runs without authentication: the file must choose
+auth.mode oidc (an OpenID Connect provider; see docs/auth.md) or tokens (API tokens
+only). Check a file first with 'atrium config check FILE'.
+
+SIGTERM or Ctrl-C stops it cleanly.`,
+		Example: `  atrium serve --config /etc/atrium/atrium.yaml
+  ATRIUM_AUTH_COOKIE_KEY=$(cat /run/secrets/cookie_key) atrium serve --config atrium.yaml
+  ATRIUM_AUTH_MODE=tokens ATRIUM_LISTEN=0.0.0.0:7080 atrium serve`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := config.Load(path, env.getenv)
+			if err != nil {
+				return err
+			}
+			if err := f.Validate(false); err != nil {
+				return fmt.Errorf("configuration is not valid:\n%w", err)
+			}
+			cfg, err := serverConfig(f, env.stderr)
+			if err != nil {
+				return err
+			}
+			return runServer(cmd.Context(), env, cfg)
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "", "configuration file (YAML); ATRIUM_* variables override it")
+	return cmd
+}
+
+// serverConfig turns a validated configuration into the server's.
+func serverConfig(f *config.File, logTo io.Writer) (server.Config, error) {
+	cfg := server.Config{
+		Listen:          f.Listen,
+		DataDir:         f.DataDir,
+		HibernateAfter:  f.Node.HibernateAfter,
+		TurnTimeout:     f.Node.TurnTimeout,
+		CancelGrace:     f.Node.CancelGrace,
+		UnsafeNoSandbox: f.Sandbox.UnsafeNoSandbox,
+		AuthMode:        f.Auth.Mode,
+		PublicURL:       f.PublicURL,
+		AllowedOrigins:  f.AllowedOrigins,
+		Logger:          newLogger(logTo, f.Log.Format, f.Log.Level),
+	}
+	if f.Auth.Mode == config.AuthOIDC {
+		key, err := f.CookieKeyBytes()
+		if err != nil {
+			return cfg, fmt.Errorf("auth.cookie_key: %w", err)
+		}
+		o := f.Auth.OIDC
+		cfg.OIDC = auth.OIDCConfig{
+			Issuer: o.Issuer, ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
+			Audience: o.Audience, UserClaim: o.UserClaim, TenantClaim: o.TenantClaim, DefaultTenant: o.DefaultTenant,
+			GroupsClaim: o.GroupsClaim, AdminGroup: o.AdminGroup, CookieKey: key, CookieTTL: f.Auth.CookieTTL,
+			CLIClientID: o.CLIClientID, CLIClientSecret: o.CLIClientSecret,
+		}
+	}
+	return cfg, nil
+}
+
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// runServer starts the server, prints how to reach it, and stops it cleanly
+// when ctx ends.
+func runServer(ctx context.Context, env *cliEnv, cfg server.Config) error {
+	srv, err := server.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	url := srv.URL()
+	switch srv.AuthMode() {
+	case server.AuthDev:
+		fmt.Fprintf(env.stdout, `
+Atrium dev server is running at %s
+  data:  %s
+
+  DEV AUTHENTICATION IS ON: any local client can act as any user with
+  'Authorization: Bearer dev:<user>' (loopback only). Do not expose this server.
+  Browser: %s/auth/dev?user=$USER
+
+Try it (in another terminal):
+  curl -s -X POST -H 'Authorization: Bearer dev:alice' %s/v1/sessions -d '{"title":"hello"}'
+  ./bin/atrium new --title hello && ./bin/atrium send <ID> 'echo hello from the sandbox' --wait
+
+Press Ctrl-C to stop.
+`, url, srv.DataDir(), url, url)
+	case server.AuthOIDC:
+		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (public URL %s)\n  data:  %s\n  login: %s/auth/login (OIDC %s)\n  CLI:   atrium login --server %s\n\nPress Ctrl-C to stop.\n",
+			url, srv.PublicURL(), srv.DataDir(), srv.PublicURL(), cfg.OIDC.Issuer, srv.PublicURL())
+	default:
+		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (API tokens only)\n  data:  %s\n\nPress Ctrl-C to stop.\n", url, srv.DataDir())
+	}
+	if srv.Unsafe() {
+		fmt.Fprintln(env.stdout, "\n  WARNING: unsafe_no_sandbox: harnesses run WITHOUT isolation on this machine.")
+	} else if _, err := exec.LookPath("bwrap"); err != nil {
+		fmt.Fprintln(env.stdout, "\n  WARNING: bubblewrap (bwrap) is not installed, so turns will fail until you install it:\n"+
+			"    apt-get install bubblewrap    (or set sandbox.unsafe_no_sandbox / --unsafe-no-sandbox to run harnesses without isolation)")
+	}
+	<-ctx.Done()
+	fmt.Fprintln(env.stderr, "shutting down: cancelling running turns and closing files…")
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := srv.Close(shutdownCtx); err != nil {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	fmt.Fprintln(env.stderr, "stopped cleanly")
+	return nil
+}
