@@ -82,8 +82,6 @@ type Auth struct {
 	CookieKey string `yaml:"cookie_key" secret:"true"`
 	// CookieTTL is how long a browser login lasts.
 	CookieTTL time.Duration `yaml:"cookie_ttl"`
-	// AuditPrompts records prompt text in the audit log (off by default).
-	AuditPrompts bool `yaml:"audit_prompts"`
 }
 
 // OIDC configures the organisation's OpenID Connect provider.
