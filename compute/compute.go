@@ -1,7 +1,29 @@
 // Package compute defines what a sandbox is: the types every compute provider
-// implements (compute/local runs sandboxes under bubblewrap on this host) and
-// the session actor drives. One sandbox per session; the harness runs in it
-// once per turn with /workspace as its working directory.
+// implements and the session actor drives, and the wire protocol of the
+// sandbox agent. One sandbox per session; the harness runs in it once per
+// turn with /workspace as its working directory.
+//
+// Providers: compute/local runs sandboxes under bubblewrap on this host;
+// compute/remote drives `atrium sandbox-agent` (compute/sandboxagent) inside
+// VMs that a provisioning hook creates. compute/computetest is the contract
+// suite every provider passes. docs/compute.md describes both and the
+// agent's API.
+//
+// # Fencing
+//
+// Every Open carries the caller's ownership fence (DESIGN §5). A provider
+// remembers the highest fence it has seen per session and refuses anything
+// older with an error matching session.ErrConflict, both at Open and through
+// a handle returned by an older Open: a node that lost a session can no
+// longer touch its sandbox.
+//
+// # Errors
+//
+// Providers return errors that match the session sentinels where the cause
+// is known: session.ErrConflict for a stale fence, session.ErrNotFound for a
+// destroyed sandbox, session.ErrBadRequest for an invalid request and
+// session.ErrUnavailable when sandboxes cannot run (bubblewrap missing, a VM
+// that cannot be provisioned or reached).
 package compute
 
 import (
@@ -28,37 +50,56 @@ type Spec struct {
 
 // ExecRequest is a command to run in a sandbox.
 type ExecRequest struct {
-	Argv []string
+	Argv []string `json:"argv"`
 	// Env is added to the sandbox's minimal environment, as KEY=VALUE.
-	Env []string
+	// It may hold secrets: providers never log it.
+	Env []string `json:"env,omitempty"`
 	// Dir is the working directory inside the sandbox; default /workspace.
-	Dir string
+	Dir string `json:"dir,omitempty"`
 }
 
 // Exit is how a process ended.
 type Exit struct {
-	Code   int            // exit code, or -1 when killed by a signal
-	Signal syscall.Signal // the signal that killed it, if any
-	OOM    bool           // killed for exceeding the memory limit
-	Detail string         // a human-readable summary, e.g. "killed by SIGKILL"
+	Code   int            `json:"code"`             // exit code, or -1 when killed by a signal or lost
+	Signal syscall.Signal `json:"signal,omitempty"` // the signal that killed it, if any
+	OOM    bool           `json:"oom,omitempty"`    // killed for exceeding the memory limit
+	// Lost says that the sandbox itself died while the command ran (its VM
+	// or agent vanished, the connection to it broke): the command's fate
+	// is unknown, Code is -1 and Detail says what happened. The next Open
+	// or Exec of the session provisions a fresh sandbox.
+	Lost   bool   `json:"lost,omitempty"`
+	Detail string `json:"detail"` // a human-readable summary, e.g. "killed by SIGKILL"
 }
 
 // Process is a running command. Stdout and Stderr must be read until EOF
 // before Wait returns reliably; Stdin is closed by the caller when the turn
 // ends.
 type Process interface {
+	// Stdin is the command's standard input. A Write blocks while the
+	// command does not read (the provider buffers a bounded amount) and
+	// fails once the command has exited or closed its input.
 	Stdin() io.WriteCloser
+	// Stdout and Stderr are the command's outputs, streamed: a command
+	// whose output nobody reads is slowed down, never buffered without
+	// bound. They are independent: reading one while the other is unread
+	// does not block.
 	Stdout() io.Reader
 	Stderr() io.Reader
 	// Signal delivers sig to every process of the command, including its
 	// children. SIGKILL leaves no process of the command behind.
 	Signal(sig syscall.Signal) error
-	// Wait waits for the command (and its pipes) to finish.
+	// Wait waits for the command (and its pipes) to finish. Its error is
+	// about waiting itself; how the command ended is in the Exit.
 	Wait() (Exit, error)
 }
 
-// Sandbox is one session's machine.
+// Sandbox is one session's machine, as seen through the handle that one
+// Open returned (and that carries that Open's fence).
 type Sandbox interface {
+	// Exec starts a command, waking the sandbox if it sleeps or
+	// provisioning a fresh one if it died. ctx bounds the start only: the
+	// command runs until it exits or is signalled. Several commands may
+	// run at once.
 	Exec(ctx context.Context, req ExecRequest) (Process, error)
 	State() session.SandboxState
 	// Sleep stops everything running and releases resources, keeping the
@@ -70,5 +111,97 @@ type Sandbox interface {
 
 // Provider provisions or resumes sandboxes.
 type Provider interface {
+	// Open provisions the sandbox of spec.Session, or resumes the one it
+	// has, and returns a handle carrying spec.Fence.
 	Open(ctx context.Context, spec Spec) (Sandbox, error)
+}
+
+// The sandbox agent's wire protocol: the HTTP API that `atrium
+// sandbox-agent` (compute/sandboxagent) serves inside a VM and compute/remote
+// calls. It lives here, with the other types both sides share.
+//
+// Every request but GET /healthz carries `Authorization: Bearer <token>`
+// (the sandbox's token) and AgentFenceHeader. Errors are
+// `{"error":{"code","message"}}` with the status of the code, as on the
+// gateway (DESIGN §7).
+//
+//	GET    /healthz               → AgentHealth (no authentication)
+//	POST   /v1/sandbox            AgentOpen → 204: open or resume the sandbox
+//	POST   /v1/sandbox/sleep      → 204
+//	DELETE /v1/sandbox            → 204: destroy it (workspace included)
+//	GET    /v1/exec               WebSocket (subprotocol AgentSubprotocol)
+//	PUT    /v1/files/{path}       body → 204 (query mode=0644, octal)
+//	GET    /v1/files/{path}       → the file's bytes
+//
+// An exec connection starts with an AgentExec text message from the node;
+// the agent answers AgentMessage "started" (or "error", then closes). Then
+// binary messages carry stream bytes, their first byte being the stream
+// (AgentStdin, AgentStdout, AgentStderr), and text messages carry
+// AgentMessage controls. Output flows under credit: the agent sends at most
+// AgentExec.Window unacknowledged bytes per stream and the node returns
+// "credit" as its reader consumes them; stdin flows the same way with the
+// window of "started". The last message is "exit".
+const (
+	// AgentFenceHeader carries the caller's fence on every agent call.
+	AgentFenceHeader = "Atrium-Fence"
+	// AgentSubprotocol is the WebSocket subprotocol of an exec connection.
+	AgentSubprotocol = "atrium-agent.v1"
+	// AgentMaxMessage is the largest WebSocket message either side
+	// accepts; a stream chunk is at most AgentMaxChunk bytes.
+	AgentMaxMessage = 1 << 20
+	// AgentMaxChunk is the largest stream payload of one message.
+	AgentMaxChunk = 32 << 10
+)
+
+// Stream tags: the first byte of a binary message of an exec connection.
+const (
+	AgentStdin  byte = 0
+	AgentStdout byte = 1
+	AgentStderr byte = 2
+)
+
+// AgentHealth is the answer of GET /healthz.
+type AgentHealth struct {
+	Version  string `json:"version"`
+	UptimeMS int64  `json:"uptime_ms"`
+}
+
+// AgentOpen is the body of POST /v1/sandbox: the sandbox's session and
+// limits.
+type AgentOpen struct {
+	Session     session.ID `json:"session"`
+	MemoryBytes int64      `json:"memory_bytes,omitempty"`
+	Pids        int        `json:"pids,omitempty"`
+	Network     bool       `json:"network,omitempty"`
+}
+
+// AgentExec is the first message of an exec connection.
+type AgentExec struct {
+	ExecRequest
+	// Window is how many bytes of each output stream the node buffers:
+	// the agent never has more than that unacknowledged.
+	Window int64 `json:"window"`
+}
+
+// AgentMessage is a control message of an exec connection. Type says which
+// fields are set:
+//
+//	started       agent→node  Window: the stdin window
+//	error         agent→node  Error: the command could not start
+//	credit        both        Stream, Bytes: the receiver consumed Bytes of Stream
+//	eof           agent→node  Stream: stdout or stderr reached EOF
+//	close_stdin   node→agent  close the command's stdin
+//	stdin_closed  agent→node  Error: writing stdin failed; later writes fail
+//	signal        node→agent  ID, Signal
+//	signaled      agent→node  ID, Error (if the signal could not be sent)
+//	exit          agent→node  Exit: the last message
+type AgentMessage struct {
+	Type   string         `json:"type"`
+	Stream string         `json:"stream,omitempty"`
+	Bytes  int64          `json:"bytes,omitempty"`
+	Window int64          `json:"window,omitempty"`
+	ID     int64          `json:"id,omitempty"`
+	Signal syscall.Signal `json:"signal,omitempty"`
+	Exit   *Exit          `json:"exit,omitempty"`
+	Error  *session.Error `json:"error,omitempty"`
 }

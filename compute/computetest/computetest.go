@@ -10,7 +10,8 @@
 // host's environment does not leak in; Signal reaches the command and its
 // children, and SIGKILL leaves no process behind; a command that never reads
 // stdin cannot block its caller; output is streamed, not buffered, and
-// several commands may run at once in one sandbox; stale fences are refused.
+// several commands may run at once in one sandbox; stderr can be read while
+// stdout is not (and the other way round); stale fences are refused.
 //
 // The sandbox must provide /bin/sh and the usual utilities (cat, head,
 // sleep, pwd, chmod, kill).
@@ -54,6 +55,7 @@ func TestProvider(t *testing.T, newProvider func(t *testing.T) compute.Provider)
 		{"Stdin", testStdin},
 		{"ExitStatus", testExitStatus},
 		{"KilledBySignal", testKilledBySignal},
+		{"KillRightAfterExec", testKillRightAfterExec},
 		{"Env", testEnv},
 		{"MissingCommand", testMissingCommand},
 		{"NotExecutable", testNotExecutable},
@@ -61,6 +63,7 @@ func TestProvider(t *testing.T, newProvider func(t *testing.T) compute.Provider)
 		{"KillLeavesNothing", testKillLeavesNothing},
 		{"StdinNotRead", testStdinNotRead},
 		{"LargeOutputStreams", testLargeOutputStreams},
+		{"StreamsIndependent", testStreamsIndependent},
 		{"Lifecycle", testLifecycle},
 		{"Fence", testFence},
 	}
@@ -214,6 +217,23 @@ func testKilledBySignal(t *testing.T, p compute.Provider) {
 		r := Sh(t, sb, "kill -"+strings.TrimPrefix(sigName(sig), "SIG")+" $$")
 		if r.Exit.Code != -1 || r.Exit.Signal != sig || r.Exit.Detail == "" {
 			t.Errorf("a command killed by %s gave %+v", sigName(sig), r.Exit)
+		}
+	}
+}
+
+// testKillRightAfterExec: a SIGKILL sent the moment Exec returns, before the
+// command may even have started, still ends it (a cancel can come that
+// early).
+func testKillRightAfterExec(t *testing.T, p compute.Provider) {
+	sb := Open(t, p, compute.Spec{})
+	for i := range 10 {
+		pr := Start(t, sb, compute.ExecRequest{Argv: []string{"sleep", "600"}})
+		if err := pr.Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("run %d: signal: %v", i, err)
+		}
+		r := Finish(t, pr, "")
+		if r.Exit.Code != -1 || r.Exit.Signal != syscall.SIGKILL {
+			t.Fatalf("run %d: a command killed right after Exec gave %+v", i, r.Exit)
 		}
 	}
 }
@@ -422,6 +442,35 @@ func testLargeOutputStreams(t *testing.T, p compute.Provider) {
 	}
 	if got := ShOK(t, sb, "cat marker"); got != "done\n" {
 		t.Errorf("marker %q", got)
+	}
+}
+
+func testStreamsIndependent(t *testing.T, p compute.Provider) {
+	sb := Open(t, p, compute.Spec{})
+	// Each output waits, unread, while the other is read: a provider that
+	// carries both over one channel must not let one block the other.
+	pr := Start(t, sb, compute.ExecRequest{Argv: []string{"/bin/sh", "-c",
+		`echo out1; echo err1 >&2; read x; echo err2 >&2; echo out2; read y; echo out3; echo err3 >&2`}})
+	stdout, stderr := bufio.NewReader(pr.Stdout()), bufio.NewReader(pr.Stderr())
+	readUntil(t, stderr, "err1")
+	if _, err := io.WriteString(pr.Stdin(), "go\n"); err != nil {
+		t.Fatalf("write stdin: %v", err)
+	}
+	readUntil(t, stdout, "out1", "out2")
+	readUntil(t, stderr, "err2")
+	if _, err := io.WriteString(pr.Stdin(), "go\n"); err != nil {
+		t.Fatalf("write stdin: %v", err)
+	}
+	pr.Stdin().Close()
+	rest, err := io.ReadAll(stderr)
+	if err != nil || string(rest) != "err3\n" {
+		t.Errorf("rest of stderr %q, %v", rest, err)
+	}
+	if rest, err := io.ReadAll(stdout); err != nil || string(rest) != "out3\n" {
+		t.Errorf("rest of stdout %q, %v", rest, err)
+	}
+	if exit, err := pr.Wait(); err != nil || exit.Code != 0 {
+		t.Errorf("wait: %+v, %v", exit, err)
 	}
 }
 

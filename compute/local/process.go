@@ -158,11 +158,13 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 		}
 		sent++
 	}
-	if sent == 0 && pr.sandboxed && !pr.exited {
-		// bubblewrap is still building the sandbox: stopping it stops
-		// the command before it starts. (As init of its own pid
-		// namespace it ignores signals it has no handler for; the
-		// caller's SIGKILL then ends it.)
+	if sent == 0 && !pr.exited {
+		// The command has not started yet: bubblewrap is still building
+		// the sandbox, or the process has not joined its cgroup.
+		// Stopping the started process stops the command before it
+		// starts. (Under bubblewrap, as init of its own pid namespace it
+		// ignores signals it has no handler for; the caller's SIGKILL
+		// then ends it.)
 		if err := kill(pr.pid, sig); err != nil {
 			return fmt.Errorf("signal command: %w", err)
 		}
@@ -193,13 +195,25 @@ func (pr *Process) membersLocked() ([]int, error) {
 // left.
 func (pr *Process) killLocked() error {
 	deadline := time.Now().Add(killTimeout)
+	direct := false
 	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
 		pids, err := pr.membersLocked()
 		if err != nil {
 			return fmt.Errorf("kill command: %w", err)
 		}
 		if len(pids) == 0 {
-			return nil
+			if pr.exited || direct {
+				return nil
+			}
+			// The started process has not joined its cgroup yet (it
+			// does so before it execs the command): kill it directly,
+			// then look once more in case it joined and forked first.
+			if err := kill(pr.pid, syscall.SIGKILL); err != nil {
+				return fmt.Errorf("kill command: %w", err)
+			}
+			direct = true
+			time.Sleep(delay)
+			continue
 		}
 		if pr.leaf != nil {
 			err = pr.leaf.killAll()
