@@ -15,6 +15,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/web"
 )
 
 // authed wraps a handler that needs an authenticated caller. It also refuses
@@ -115,8 +116,7 @@ func (s *Server) secure(next http.Handler) http.Handler {
 		"X-Frame-Options":            {"DENY"},
 		"Referrer-Policy":            {"no-referrer"},
 		"Cross-Origin-Opener-Policy": {"same-origin"},
-		"Content-Security-Policy": {"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; " +
-			"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"},
+		"Content-Security-Policy": {web.CSP},
 	}
 	noStore := []string{"no-store"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

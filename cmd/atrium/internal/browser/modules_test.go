@@ -1,0 +1,110 @@
+package browser
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/atriumhq/atrium/web"
+)
+
+// TestBrowser_Modules runs the UI's pure modules (ansi.js, model.js) in
+// Chromium, served by web.Handler alone, against cases whose answers are
+// known. Each case is JavaScript that returns "" or what went wrong.
+func TestBrowser_Modules(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	mux.Handle("/", web.Handler())
+	mux.HandleFunc("/blank", func(w http.ResponseWriter, r *http.Request) { // a page under the UI's policy, with no app
+		w.Header().Set("Content-Security-Policy", web.CSP)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write([]byte("<!doctype html><title>modules</title>"))
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	tb := &tab{t: t, user: "modules", base: srv.URL}
+	ctx, cancel := chromedp.NewContext(chrome(t), chromedp.WithNewBrowserContext(), chromedp.WithListener(tb.listen))
+	t.Cleanup(cancel)
+	tb.ctx = ctx
+	tb.attach()
+	tb.do(chromedp.Navigate(srv.URL + "/blank"))
+
+	cases := map[string]string{
+		"ansi: colours, bold, reset and 256/24-bit colours": `
+			const { parse } = await import('/js/ansi.js');
+			const runs = parse('a\x1b[1;31mred\x1b[0m b \x1b[38;5;196mx\x1b[48;2;1;2;3my\x1b[m');
+			const got = JSON.stringify(runs.map((r) => [r.text, r.style.fg, r.style.bg, r.style.bold]));
+			const want = JSON.stringify([['a', null, null, false], ['red', 1, null, true], [' b ', null, null, false],
+				['x', 'rgb(255, 0, 0)', null, false], ['y', 'rgb(255, 0, 0)', 'rgb(1, 2, 3)', false]]);
+			return got === want ? '' : got;`,
+		"ansi: other escapes dropped, carriage return redraws the line": `
+			const { strip } = await import('/js/ansi.js');
+			const got = strip('x\x1b[2K\x1b]0;title\x07y\r\nprogress 10%\rprogress 100%\ndone\x1b[');
+			return got === 'xy\nprogress 100%\ndone' ? '' : JSON.stringify(got);`,
+		"ansi: render makes spans with classes, never markup": `
+			const { render } = await import('/js/ansi.js');
+			const el = render(document.createElement('pre'), '<b>\x1b[32mok\x1b[0m</b>');
+			const span = el.querySelector('span');
+			if (el.querySelector('b')) return 'text became markup';
+			if (!span || span.className !== 'a-f2' || el.textContent !== '<b>ok</b>') return el.outerHTML;
+			const rgb = render(document.createElement('pre'), '\x1b[38;2;10;20;30mz').querySelector('span');
+			return rgb && rgb.style.color === 'rgb(10, 20, 30)' ? '' : 'a 24-bit colour is not set through the CSSOM';`,
+		"model: the state is exact from the first event": `
+			const { Model } = await import('/js/model.js');
+			const m = new Model(0, 'ready');
+			const ev = (seq, kind, data, by = 'system') => ({ seq, kind, data, by, time: '2026-01-01T00:00:00Z' });
+			m.add(ev(1, 'session_created', { title: 't' }, 'a'));
+			m.add(ev(2, 'message', { text: 'one' }, 'a'));
+			m.add(ev(3, 'turn_started', { turn: 1, prompt_seq: 2 }, 'a'));
+			m.add(ev(4, 'message', { text: 'two' }, 'b'));
+			m.add(ev(5, 'approval_requested', { turn: 1, id: 'x', summary: 's' }));
+			if (!m.exact() || !m.running || m.running.turn !== 1 || m.running.approvals.size !== 1) return 'running turn 1 with an approval';
+			if (m.pending.size !== 1 || !m.pending.has(4)) return 'prompt 4 queued';
+			if (m.approvalState(1, 'x') !== 'pending') return 'approval pending';
+			m.add(ev(6, 'approval_resolved', { turn: 1, id: 'x', allow: true }, 'b'));
+			m.add(ev(7, 'turn_finished', { turn: 1, status: 'ok', exit_code: 0, duration_ms: 5 }));
+			m.add(ev(8, 'turn_started', { turn: 2, prompt_seq: 4 }, 'b'));
+			if (m.pending.size !== 0 || m.running.turn !== 2 || m.lastFinished.turn !== 1) return 'turn 2 runs, queue empty';
+			if (m.approvalState(1, 'x') !== 'allowed' || m.resolution(1, 'x').by !== 'b') return 'approval allowed by b';
+			return '';`,
+		"model: a page that starts mid-turn is not exact until older events are read": `
+			const { Model } = await import('/js/model.js');
+			const ev = (seq, kind, data) => ({ seq, kind, data, by: 'system', time: '2026-01-01T00:00:00Z' });
+			const m = new Model(10, '');
+			m.add(ev(11, 'agent', { turn: 1, type: 'step' }));
+			m.add(ev(12, 'approval_requested', { turn: 1, id: 'y', summary: 's' }));
+			if (m.exact() || !m.running || !m.running.partial) return 'inexact, turn 1 partly known';
+			const older = [ev(1, 'session_created', {}), ev(2, 'message', { text: 'go' }), ev(3, 'turn_started', { turn: 1, prompt_seq: 2 }),
+				ev(4, 'message', { text: 'later' })];
+			for (let s = 5; s <= 10; s++) older.push(ev(s, 'agent', { turn: 1, type: 'step' }));
+			m.addOlder(older);
+			if (!m.exact() || m.running.partial || m.running.approvals.size !== 1 || !m.pending.has(4)) return 'exact after reading back';
+			return '';`,
+		"model: a finished turn makes the queue exact without older events": `
+			const { Model } = await import('/js/model.js');
+			const ev = (seq, kind, data) => ({ seq, kind, data, by: 'system', time: '2026-01-01T00:00:00Z' });
+			const m = new Model(100, '');
+			m.add(ev(101, 'output', { turn: 7, stream: 'stdout', text: 'x' }));
+			m.add(ev(102, 'turn_finished', { turn: 7, status: 'ok' }));
+			m.add(ev(103, 'message', { text: 'next' }));
+			return m.exact() && !m.running && m.pending.size === 1 ? '' : 'exact, idle, one queued';`,
+		"store: contiguous at both ends": `
+			const { Store } = await import('/js/model.js');
+			const s = new Store(5);
+			s.append({ seq: 6 }); s.append({ seq: 7 });
+			try { s.append({ seq: 9 }); return 'a gap was accepted'; } catch {}
+			s.prepend([{ seq: 4 }, { seq: 5 }]);
+			s.dropBefore(5);
+			return s.lo === 5 && s.hi === 7 && s.get(6).seq === 6 && s.get(4) === undefined ? '' : JSON.stringify(s);`,
+	}
+	for name, js := range cases {
+		t.Run(name, func(t *testing.T) {
+			sub := &tab{t: t, ctx: tb.ctx, user: tb.user, base: tb.base}
+			if got := eval[string](sub, "(async () => {"+js+"})()"); got != "" {
+				t.Fatal(got)
+			}
+		})
+	}
+}

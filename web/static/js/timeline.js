@@ -1,0 +1,251 @@
+// timeline.js: the scrolling list of event rows, with a bounded DOM. Rows for
+// a window vlo … vhi of the store are in the document, at most MAX_ROWS of
+// them; scrolling near the top renders older rows (reading an older page
+// over REST first when the store has none), scrolling near the bottom
+// renders newer ones, and rows far out of view are removed. While the reader
+// is at the bottom the timeline follows the live end; otherwise new events
+// wait behind a "new events" button. DOM work is batched to one frame.
+
+import { h, plural, later } from './dom.js';
+
+/** MAX_ROWS bounds the rows in the document. */
+export const MAX_ROWS = 400;
+const CHUNK = 100; // rows rendered at once when scrolling
+const INITIAL = 150; // rows rendered when (re)opening at the live end
+const EDGE = 400; // px from an edge that loads more
+
+export class Timeline {
+  /**
+   * opts: scroller (the scrolling element), list (the rows' container),
+   * model, row(ev) → element, older() → Promise<boolean> (reads an older
+   * page into the model; false when there is none).
+   */
+  constructor({ scroller, list, model, row, older }) {
+    this.scroller = scroller;
+    this.list = list;
+    this.model = model;
+    this.row = row;
+    this.readOlder = older;
+    this.vlo = 1;
+    this.vhi = 0; // empty
+    this.following = true;
+    this.loadingOlder = false;
+    this.scheduled = null; // cancels a scheduled render
+    this.top = h('div', { class: 'edge top' });
+    this.jump = h('button', { type: 'button', class: 'jump', hidden: true, on: { click: () => this.jumpToLatest() } });
+    scroller.prepend(this.top);
+    scroller.appendChild(this.jump);
+    this.lastTop = 0;
+    this.onScroll = () => this.scrolled();
+    scroller.addEventListener('scroll', this.onScroll, { passive: true });
+    // Keep the live end in view when the timeline or its rows change size.
+    this.resize = new ResizeObserver(() => { if (this.following && this.rendered > 0) this.toBottom(); });
+    this.resize.observe(scroller);
+    this.resize.observe(list);
+  }
+
+  get store() { return this.model.store; }
+  get rendered() { return this.vhi - this.vlo + 1; }
+
+  /** changed schedules a render after events were added at either end. */
+  changed() {
+    if (this.scheduled) return;
+    this.scheduled = later(() => { this.scheduled = null; this.render(); });
+  }
+
+  /** refresh re-renders every row in the window (after a role change, for example). */
+  refresh() {
+    for (let s = this.vlo; s <= this.vhi; s++) this.update(s);
+  }
+
+  /**
+   * reshape re-renders the row of seq after the reader changed it (showed
+   * more of it): the rows on screen keep their place, and the timeline stops
+   * following the live end until the reader scrolls back down.
+   */
+  reshape(seq) {
+    this.following = false;
+    this.keep(() => this.update(seq));
+    this.lastTop = this.scroller.scrollTop;
+    this.edges();
+  }
+
+  /** update re-renders the row of seq if it is in the document. */
+  update(seq) {
+    if (seq < this.vlo || seq > this.vhi) return;
+    const el = this.list.children[seq - this.vlo];
+    const ev = this.store.get(seq);
+    if (el && ev) el.replaceWith(this.row(ev));
+  }
+
+  render() {
+    const st = this.store;
+    if (this.rendered <= 0) {
+      if (st.size === 0) return this.edges();
+      this.vhi = st.hi;
+      this.vlo = Math.max(st.lo, st.hi - INITIAL + 1);
+      this.list.replaceChildren(this.rows(this.vlo, this.vhi));
+      this.toBottom();
+    } else if (this.vhi < st.hi && this.following) {
+      const from = Math.max(this.vhi + 1, st.hi - MAX_ROWS + 1);
+      if (from > this.vhi + 1) { // so much arrived that the window starts afresh
+        this.list.replaceChildren();
+        this.vlo = from;
+      }
+      this.list.appendChild(this.rows(from, st.hi));
+      this.vhi = st.hi;
+      this.trimTop();
+      this.toBottom();
+    }
+    this.model.trim(this.vlo);
+    this.edges();
+  }
+
+  rows(from, to) {
+    const frag = document.createDocumentFragment();
+    for (let s = from; s <= to; s++) frag.appendChild(this.row(this.store.get(s)));
+    return frag;
+  }
+
+  trimTop() {
+    let n = this.rendered - MAX_ROWS;
+    while (n-- > 0) {
+      this.list.firstElementChild.remove();
+      this.vlo++;
+    }
+  }
+
+  trimBottom() {
+    let n = this.rendered - MAX_ROWS;
+    while (n-- > 0) {
+      this.list.lastElementChild.remove();
+      this.vhi--;
+    }
+  }
+
+  toBottom() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+    this.lastTop = this.scroller.scrollTop;
+  }
+
+  atBottom() {
+    const s = this.scroller;
+    return s.scrollTop + s.clientHeight >= s.scrollHeight - 48;
+  }
+
+  // scrolled follows the reader: at the bottom the timeline follows the live
+  // end; a scroll up (the only thing that lowers scrollTop besides
+  // trimming, which happens only while reading far back) stops following.
+  // Layout changes (the queue or the prompt box growing) move no scrollTop,
+  // so they never stop following; the ResizeObserver keeps the end in view.
+  scrolled() {
+    const top = this.scroller.scrollTop;
+    const up = top < this.lastTop - 1;
+    this.lastTop = top;
+    if (this.atBottom()) {
+      if (this.store.hi - this.vhi > MAX_ROWS) {
+        this.newer(); // reading far back: step towards the live end
+      } else {
+        this.following = true;
+        if (this.vhi < this.store.hi) this.changed();
+      }
+    } else if (up) {
+      this.following = false;
+    }
+    if (top < EDGE) this.older();
+    this.edges();
+  }
+
+  // keep runs fn, then scrolls so the first visible row stays where it was.
+  keep(fn) {
+    const top = this.scroller.getBoundingClientRect().top;
+    let anchor = null;
+    let offset = 0;
+    for (const el of this.list.children) {
+      const r = el.getBoundingClientRect();
+      if (r.bottom > top) {
+        anchor = el;
+        offset = r.top;
+        break;
+      }
+    }
+    fn();
+    if (anchor && anchor.isConnected) this.scroller.scrollTop += anchor.getBoundingClientRect().top - offset;
+  }
+
+  /** older shows older rows, reading an older page first if needed. */
+  async older() {
+    if (this.loadingOlder || this.rendered <= 0) return;
+    if (this.vlo > this.store.lo) {
+      const n = Math.min(CHUNK, this.vlo - this.store.lo);
+      this.keep(() => {
+        this.list.prepend(this.rows(this.vlo - n, this.vlo - 1));
+        this.vlo -= n;
+        this.trimBottom();
+      });
+      this.lastTop = this.scroller.scrollTop;
+      this.following = this.following && this.vhi >= this.store.hi;
+      this.edges();
+      return;
+    }
+    if (this.store.lo <= 1) return;
+    this.loadingOlder = true;
+    this.edges();
+    let more = false;
+    try {
+      more = await this.readOlder();
+    } finally {
+      this.loadingOlder = false;
+    }
+    this.edges();
+    if (more && this.scroller.scrollTop < EDGE) this.older();
+  }
+
+  newer() {
+    const n = Math.min(CHUNK, this.store.hi - this.vhi);
+    if (n <= 0) return;
+    this.keep(() => {
+      this.list.appendChild(this.rows(this.vhi + 1, this.vhi + n));
+      this.vhi += n;
+      this.trimTop();
+    });
+    this.lastTop = this.scroller.scrollTop;
+    this.following = this.vhi >= this.store.hi && this.atBottom();
+  }
+
+  /** jumpToLatest shows the live end and follows it. */
+  jumpToLatest() {
+    this.vlo = 1;
+    this.vhi = 0;
+    this.following = true;
+    this.list.replaceChildren();
+    this.render();
+  }
+
+  edges() {
+    const st = this.store;
+    let top = '';
+    if (this.loadingOlder) top = 'Loading older events…';
+    else if (this.rendered > 0 && this.vlo <= 1) top = 'Beginning of the session';
+    else if (this.rendered > 0) top = 'Scroll up for older events';
+    this.top.textContent = top;
+    this.top.classList.toggle('busy', this.loadingOlder);
+    const behind = st.hi - this.vhi;
+    const show = this.rendered > 0 && (!this.following || behind > 0) && !this.atBottomWithAll();
+    this.jump.hidden = !show;
+    if (show) this.jump.textContent = behind > 0 ? `↓ ${plural(behind, 'new event')}` : '↓ Latest';
+  }
+
+  atBottomWithAll() {
+    return this.vhi >= this.store.hi && this.atBottom();
+  }
+
+  /** destroy stops listening and cancels pending work. */
+  destroy() {
+    this.scroller.removeEventListener('scroll', this.onScroll);
+    this.resize.disconnect();
+    this.top.remove();
+    this.jump.remove();
+    if (this.scheduled) this.scheduled();
+  }
+}
