@@ -116,7 +116,7 @@ func (s *Server) secure(next http.Handler) http.Handler {
 		"X-Frame-Options":            {"DENY"},
 		"Referrer-Policy":            {"no-referrer"},
 		"Cross-Origin-Opener-Policy": {"same-origin"},
-		"Content-Security-Policy": {web.CSP},
+		"Content-Security-Policy":    {web.CSP},
 	}
 	noStore := []string{"no-store"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
