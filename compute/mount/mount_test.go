@@ -705,8 +705,10 @@ func TestVolume_Corrupt(t *testing.T) {
 			}
 			assertNoStaging(t, dst)
 
-			// A missing large object too.
-			blobtest.MustPut(t, b.store, pack, append(data[:0:0], data...), blob.PutOptions{})
+			// A missing large object too (with the pack mended first, so
+			// the missing object is the only damage).
+			data[len(data)/2] ^= 0xff
+			blobtest.MustPut(t, b.store, pack, data, blob.PutOptions{})
 			must(t, b.store.Delete(ctx, "corrupt/"+entry(t, m, "big").Blob))
 			_, err = b.volume("corrupt/").Restore(ctx, b.workspace(t, dst), 0)
 			if !errors.Is(err, mount.ErrCorrupt) || !strings.Contains(err.Error(), "missing") {
