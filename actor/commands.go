@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -324,14 +323,18 @@ func (s *sessionActor) opDelete(msg *nats.Msg) {
 // tryFinishDelete starts removing the session once nothing runs, nothing is
 // being committed and no command can arrive any more.
 func (s *sessionActor) tryFinishDelete() {
-	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.uncommitted > 0 ||
+	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.op != nil || s.uncommitted > 0 ||
 		len(s.outbox) > 0 || s.draining != nil {
 		return
 	}
 	s.deleteStarted = true
-	hist, c, sb, msg := s.hist, s.committer, s.sandbox, s.deleteMsg
-	hadSandbox := sb != nil || (s.sandboxState != session.SandboxNone && s.sandboxState != "")
-	s.hist, s.committer, s.sandbox = nil, nil, nil
+	hist, c, b, msg := s.hist, s.committer, s.box, s.deleteMsg
+	if b == nil {
+		b = &box{id: s.id}
+	}
+	hadSandbox := b.sb != nil || (s.sandboxState != session.SandboxNone && s.sandboxState != "")
+	s.hist, s.committer, s.box = nil, nil, nil
+	s.h.boxes.remove(s.id)
 	s.spawn(func() {
 		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
 		defer cancel()
@@ -344,16 +347,8 @@ func (s *sessionActor) tryFinishDelete() {
 		if err := s.h.cfg.Histories.Remove(ctx, s.id); err != nil {
 			errs = append(errs, err)
 		}
-		if sb == nil && hadSandbox {
-			var err error
-			if sb, err = s.h.cfg.Provider.Open(ctx, compute.Spec{Session: s.id}); err != nil {
-				errs = append(errs, fmt.Errorf("open sandbox to destroy it: %w", err))
-			}
-		}
-		if sb != nil {
-			if err := sb.Destroy(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("destroy sandbox: %w", err))
-			}
+		if err := s.h.destroyBox(ctx, b, hadSandbox); err != nil {
+			errs = append(errs, err)
 		}
 		s.h.catalog.remove(s.id)
 		s.h.catalog.flush()

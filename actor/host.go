@@ -3,6 +3,12 @@
 // (place requests in a queue group, one Cmd subscription per active session),
 // keeps each session's event log through a History, runs the session's
 // harness turn by turn in a compute sandbox, and hibernates idle sessions.
+// A session's sandbox outlives the actor's activations: the host keeps it
+// (sandboxes.go), saves its workspace to an object store (compute/mount) at
+// the end of every turn, periodically and before sleep, restores it when a
+// sandbox is provisioned or woken, puts idle sandboxes to sleep (activating
+// a hibernated session to log it), replaces sandboxes past their lifetime
+// and recovers from sandboxes that die.
 //
 // A manager actor owns the session actors: it spawns them, supervises them
 // (a panicking session restarts from its history file) and buffers place
@@ -26,7 +32,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/storage/blob"
 )
 
 // Defaults of Config.
@@ -39,6 +48,15 @@ const (
 	// DefaultCatalogInterval is how often at most an active session
 	// rewrites its catalog entry while its last_seq changes.
 	DefaultCatalogInterval = time.Second
+	// DefaultSandboxSleepAfter is how long a sandbox stays awake without a
+	// turn before its workspace is saved and it sleeps.
+	DefaultSandboxSleepAfter = 10 * time.Minute
+	// DefaultSandboxMaxLifetime is how long a sandbox is used before the
+	// next turn replaces it with a fresh one (workspace kept).
+	DefaultSandboxMaxLifetime = 24 * time.Hour
+	// DefaultSaveInterval is how often the workspace is saved while a turn
+	// runs (it is also saved at the end of every turn).
+	DefaultSaveInterval = 5 * time.Minute
 )
 
 // startTimeout bounds Start when its context has no deadline.
@@ -60,6 +78,34 @@ type Config struct {
 	Histories Histories
 	// Provider provisions sandboxes for turns.
 	Provider Provider
+	// SandboxSpec holds the limits of every sandbox (MemoryBytes, Pids,
+	// Network); the node sets Session and Fence.
+	SandboxSpec compute.Spec
+	// Store is the object store sandboxes' workspaces are saved to
+	// (DESIGN §6): restored when a sandbox is provisioned or woken, saved
+	// at the end of each turn, every SaveInterval during a turn, before
+	// sleep and before the node stops. nil keeps workspaces only in their
+	// sandboxes.
+	Store blob.Store
+	// WorkspaceOf returns the workspace of a sandbox handle that Provider
+	// returned, for a mount.Volume in Store. Required with Store.
+	WorkspaceOf func(compute.Sandbox) (mount.Workspace, error)
+	// SandboxGeneration, if set, counts the machines the provider has
+	// created for a session. A provider that replaces a dead machine
+	// inside Sandbox.Exec (compute/remote) would otherwise run a turn on a
+	// workspace that was never restored; the node notices the count change
+	// and fails the turn instead, restoring at the next.
+	SandboxGeneration func(session.ID) uint64
+	// SandboxSleepAfter is how long a sandbox stays awake without a turn
+	// (DefaultSandboxSleepAfter if zero); waiting on a model or an approval
+	// is part of a turn.
+	SandboxSleepAfter time.Duration
+	// SandboxMaxLifetime is the age at which the next turn replaces a
+	// sandbox with a fresh one; DefaultSandboxMaxLifetime if zero.
+	SandboxMaxLifetime time.Duration
+	// SaveInterval is how often a running turn's workspace is saved;
+	// DefaultSaveInterval if zero.
+	SaveInterval time.Duration
 	// NodeID names this node in logs.
 	NodeID string
 	// HibernateAfter is how long an idle session stays active;
@@ -103,7 +149,9 @@ type Host struct {
 	managerStopped chan struct{}
 
 	kv      jetstream.KeyValue
+	owners  jetstream.KeyValue // fencing tokens (see acquireFence)
 	catalog *catalogWriter
+	boxes   *sandboxes
 	reads   chan readJob
 	place   *nats.Subscription
 	// stopResume ends resume, which activates the sessions that were
@@ -124,6 +172,8 @@ type Host struct {
 	// beforeCmd, when set (by tests, before Start), runs in a session actor
 	// before each command it handles; a panic there exercises supervision.
 	beforeCmd func(id session.ID, c *session.Command)
+	// now is the clock of sandbox lifetimes; tests replace it before Start.
+	now func() time.Time
 }
 
 // New validates cfg, fills in defaults and returns a Host that is not yet
@@ -156,6 +206,18 @@ func New(cfg Config) (*Host, error) {
 	if cfg.CatalogInterval <= 0 {
 		cfg.CatalogInterval = DefaultCatalogInterval
 	}
+	if cfg.SandboxSleepAfter <= 0 {
+		cfg.SandboxSleepAfter = DefaultSandboxSleepAfter
+	}
+	if cfg.SandboxMaxLifetime <= 0 {
+		cfg.SandboxMaxLifetime = DefaultSandboxMaxLifetime
+	}
+	if cfg.SaveInterval <= 0 {
+		cfg.SaveInterval = DefaultSaveInterval
+	}
+	if cfg.Store != nil && cfg.WorkspaceOf == nil {
+		return nil, errors.New("new host: WorkspaceOf is required with Store")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -176,7 +238,9 @@ func New(cfg Config) (*Host, error) {
 		templates:      templates,
 		managerDone:    make(chan struct{}),
 		managerStopped: make(chan struct{}),
+		now:            time.Now,
 	}
+	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}
 	h.ctx, h.cancel = context.WithCancelCause(context.Background())
 	return h, nil
 }
@@ -209,6 +273,9 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start host: open catalog bucket %s: %w", h.cfg.Subjects.CatalogBucket(), err)
 	}
 	h.kv = kv
+	if h.owners, err = openOwners(ctx, js, h.cfg.Subjects); err != nil {
+		return fmt.Errorf("start host: open owners bucket %s: %w", h.cfg.Subjects.OwnersBucket(), err)
+	}
 	h.catalog = newCatalogWriter(kv, h.log)
 	h.wg.Go(h.catalog.run)
 
@@ -318,6 +385,7 @@ func (h *Host) Close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("close host: stopping sessions at once: %w", context.Cause(ctx)))
 		h.cancel(context.Cause(ctx))
 	}
+	h.boxes.close()
 	h.system.Root.Stop(h.manager)
 	<-h.managerStopped
 	h.stopWorkersLocked()

@@ -175,10 +175,11 @@ func TestHost_CrashRecovery(t *testing.T) {
 	w.until("recovered turn_finished", finished(4))
 	e.prompt(id, "alice", "echo five")
 	last := w.until("turn 5", finished(5)).Seq
-	// Activating again does not repeat the recovery.
+	// Activating again does not repeat the recovery. (Closing the host
+	// put the sandbox to sleep: one sandbox event.)
 	e.host.Close(t.Context())
 	e.start()
-	if rep := e.cmd(id, "alice", session.Command{Op: session.OpInfo}); rep.Session == nil || rep.Session.LastSeq != last {
+	if rep := e.cmd(id, "alice", session.Command{Op: session.OpInfo}); rep.Session == nil || rep.Session.LastSeq != last+1 {
 		t.Errorf("after restart: %+v (events:%s)", rep.Session, summarize(decode(t, e.history(id, "alice"))))
 	}
 }
@@ -314,15 +315,19 @@ func TestHost_CloseCancelsTurns(t *testing.T) {
 	}
 	evs := decode(t, raw)
 	checkContiguous(t, evs)
+	// The turn is cancelled, then the sandbox is put to sleep.
 	n := len(evs)
-	if n < 2 || evs[n-2].Kind != session.KindError || evs[n-1].Kind != session.KindTurnFinished {
+	if n < 3 || evs[n-3].Kind != session.KindError || evs[n-2].Kind != session.KindTurnFinished || evs[n-1].Kind != session.KindSandbox {
 		t.Fatalf("log ends:%s", summarize(evs))
 	}
-	if d := data[session.ErrorData](t, evs[n-2]); !strings.Contains(d.Message, "shutting down") {
+	if d := data[session.ErrorData](t, evs[n-3]); !strings.Contains(d.Message, "shutting down") {
 		t.Errorf("error = %+v", d)
 	}
-	if d := data[session.TurnFinishedData](t, evs[n-1]); d.Status != session.TurnCancelled {
+	if d := data[session.TurnFinishedData](t, evs[n-2]); d.Status != session.TurnCancelled {
 		t.Errorf("turn_finished = %+v", d)
+	}
+	if d := data[session.SandboxData](t, evs[n-1]); d.State != session.SandboxSleeping || !strings.Contains(d.Detail, "shutting down") {
+		t.Errorf("sandbox = %+v", d)
 	}
 	c, _ := e.catalog(id)
 	if c.State != session.StateHibernated || c.LastSeq != evs[n-1].Seq {

@@ -14,6 +14,10 @@ type placeMsg struct {
 	msg  *nats.Msg
 	req  session.PlaceRequest
 	user session.Principal
+	// sleep, when not 0, is the generation of the session's sandbox sleep
+	// timer that fired: the node, not a client, activates the session so
+	// that it saves and sleeps its sandbox (msg is nil).
+	sleep uint64
 }
 
 // passivate is a session actor asking the manager to stop it: it has closed
@@ -44,6 +48,9 @@ type manager struct {
 	byPID    map[string]session.ID
 	shutting bool
 	done     bool // managerDone closed
+	// slept holds the sessions activated during shutdown to put their
+	// sandbox to sleep; each is tried once.
+	slept map[session.ID]bool
 }
 
 func newManager(h *Host) *manager {
@@ -105,7 +112,7 @@ func (m *manager) Receive(ctx proto.Context) {
 		for _, c := range m.children {
 			ctx.Send(c.pid, &shutdownSession{})
 		}
-		m.checkDone()
+		m.checkDone(ctx)
 	case *proto.Stopped:
 		close(m.h.managerStopped)
 	}
@@ -161,11 +168,31 @@ func (m *manager) terminated(ctx proto.Context, who *proto.PID) {
 	for _, p := range buffered {
 		m.route(ctx, p) // respawns, or refuses when shutting down
 	}
-	m.checkDone()
+	m.checkDone(ctx)
 }
 
-func (m *manager) checkDone() {
-	if m.shutting && len(m.children) == 0 && !m.done {
+// checkDone finishes a shutdown once every session has stopped. Before
+// that, a session whose sandbox is still awake (it hibernated, or was
+// hibernating when the shutdown began) is activated to save the workspace,
+// put the sandbox to sleep and log it.
+func (m *manager) checkDone(ctx proto.Context) {
+	if !m.shutting || m.done {
+		return
+	}
+	for _, id := range m.h.boxes.awakeIDs() {
+		if m.children[id] != nil || m.slept[id] {
+			continue
+		}
+		if m.slept == nil {
+			m.slept = map[session.ID]bool{}
+		}
+		m.slept[id] = true
+		if c := m.spawn(ctx, id); c != nil {
+			ctx.Send(c.pid, &placeMsg{req: session.PlaceRequest{Op: session.PlaceActivate, Session: id}})
+			ctx.Send(c.pid, &shutdownSession{})
+		}
+	}
+	if len(m.children) == 0 {
 		m.done = true
 		close(m.h.managerDone)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -99,6 +98,7 @@ type openResult struct {
 	lastTurn int64
 	sandbox  session.SandboxState
 	queue    []session.Prompt // acknowledged prompts whose turn has not started
+	prev     *previousTurn    // how the last finished turn ended; nil if none did
 }
 
 // sessionActor owns one session: its history (sole writer), its turn queue,
@@ -151,9 +151,22 @@ type sessionActor struct {
 
 	turns        session.Turns
 	runner       *runner
-	sandbox      compute.Sandbox
 	sandboxState session.SandboxState
 	recent       recentPrompts
+	prev         *previousTurn // how the last turn ended (EnvPreviousTurn)
+
+	// box is the session's sandbox, kept by the host across activations;
+	// nil until the session uses a sandbox on this node.
+	box *box
+	// op is the sandbox op running outside turns (putting it to sleep);
+	// turns wait for it.
+	op *boxOp
+	// fence is this activation's fencing token; 0 until a turn takes one.
+	fence int64
+	// sleepDue is the generation of a sleep timer that fired; 0 if none.
+	sleepDue uint64
+	// shutdownSlept: the sandbox was put to sleep for the host's shutdown.
+	shutdownSlept bool
 
 	deleteMsg     *nats.Msg
 	deleteStarted bool
@@ -210,6 +223,7 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 		}
 		s.onSelf(ctx, m.m)
 	}
+	s.maybeSleep()
 	s.flush()
 	s.maybeShutdown()
 	s.tryFinishDelete()
@@ -242,10 +256,15 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 		s.onTurnEvent(m)
 	case *turnApproval:
 		s.onTurnApproval(m)
-	case *turnSandbox:
-		s.onTurnSandbox(m)
+	case *sandboxNote:
+		s.onSandboxNote(m)
 	case *turnExited:
 		s.onTurnExited(m)
+	case *boxOpDone:
+		if m.op == s.op {
+			s.op = nil
+			s.maybeStartTurn()
+		}
 	}
 }
 
@@ -300,19 +319,22 @@ func (s *sessionActor) stopIdle() {
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
-	return s.runner == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
-		!s.metaDirty && len(s.waiting) == 0
+	return s.runner == nil && s.op == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
+		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
 // the log and do not run.
 func (s *sessionActor) quiet() bool {
-	return s.runner == nil && s.uncommitted == 0 && len(s.outbox) == 0 && !s.metaDirty
+	return s.runner == nil && s.op == nil && s.uncommitted == 0 && len(s.outbox) == 0 && !s.metaDirty
 }
 
 // --- activation -----------------------------------------------------------
 
 func (s *sessionActor) onPlace(ctx proto.Context, p *placeMsg) {
+	if p.sleep != 0 && s.phase != phasePassivating {
+		s.sleepDue = p.sleep
+	}
 	switch s.phase {
 	case phaseNew:
 		if p.req.Op == session.PlaceCreate {
@@ -520,6 +542,11 @@ func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, 
 	if len(res.queue) > 0 {
 		s.log.Info("resuming queued prompts", "prompts", len(res.queue))
 	}
+	if res.lastTurn > 0 {
+		if res.prev, err = previousOf(ctx, hist); err != nil {
+			return nil, fmt.Errorf("read how the last turn ended: %w", err)
+		}
+	}
 	return res, nil
 }
 
@@ -635,6 +662,11 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.turns.Enqueue(p)
 	}
 	s.sandboxState = ho.open.sandbox
+	s.prev = ho.open.prev
+	s.box = s.h.boxes.lookup(s.id)
+	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {
+		s.armSleep() // Its timer was lost with a previous incarnation.
+	}
 	s.committer = s.startCommitter(s.hist)
 	s.phase = phaseActive
 	s.putCatalog()
@@ -809,6 +841,13 @@ func (s *sessionActor) onShutdown(ctx proto.Context) {
 // its running turn has finished and everything is committed.
 func (s *sessionActor) maybeShutdown() {
 	if s.shutting && s.phase == phaseActive && s.quiet() {
+		if !s.shutdownSlept && s.box != nil && s.h.boxes.isAwake(s.box) {
+			// A forced stop: save the workspace and put the sandbox to
+			// sleep first, logging both.
+			s.shutdownSlept = true
+			s.startSleep("the server is shutting down")
+			return
+		}
 		s.drain()
 	}
 }
@@ -831,6 +870,10 @@ func (s *sessionActor) teardownNow(why string) {
 	if s.runner != nil {
 		s.runner.abandon()
 		s.runner = nil
+	}
+	if s.op != nil {
+		s.op.cancel()
+		s.op = nil
 	}
 	if s.committer != nil {
 		s.committer.stop()
@@ -888,13 +931,9 @@ func (s *sessionActor) roleOf(p session.Principal) session.Role {
 
 // sessionFor returns the Session object as p sees it.
 func (s *sessionActor) sessionFor(p session.Principal) session.Session {
-	state := s.sandboxState
-	if s.sandbox != nil {
-		state = s.sandbox.State()
-	}
 	return session.Session{
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
-		Sandbox: session.SandboxInfo{State: state}, Role: s.roleOf(p),
+		Sandbox: session.SandboxInfo{State: s.sandboxState}, Role: s.roleOf(p),
 	}
 }

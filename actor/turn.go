@@ -45,12 +45,12 @@ type (
 		r           *runner
 		id, summary string
 	}
-	// turnSandbox reports the sandbox the runner opened (or why it could
-	// not).
-	turnSandbox struct {
-		r   *runner
-		sb  compute.Sandbox
-		err error
+	// sandboxNote is a sandbox event (State set) and/or an error event
+	// (Err set) from a runner or a sandbox op.
+	sandboxNote struct {
+		state  session.SandboxState
+		detail string
+		err    *session.ErrorData
 	}
 	// turnExited is the runner's last message: how the turn ended.
 	turnExited struct {
@@ -59,6 +59,8 @@ type (
 		code     int
 		duration time.Duration
 		errors   []session.ErrorData // error events to log before turn_finished
+		reason   string              // why the turn failed, for the next turn's EnvPreviousTurn
+		fence    int64               // the fence the runner acquired for the activation, if it did
 	}
 )
 
@@ -76,8 +78,9 @@ type stopRequest struct {
 type runner struct {
 	send      func(any)
 	log       *slog.Logger
-	provider  compute.Provider
-	sandbox   compute.Sandbox // nil: open one
+	h         *Host
+	box       *box  // the session's sandbox, lent to the runner for the turn
+	fence     int64 // the activation's fence; 0: acquire one
 	id        session.ID
 	turn      int64
 	input     []byte // the first stdin line
@@ -146,28 +149,63 @@ func (r *runner) run() {
 	r.send(res)
 }
 
+// note reports a sandbox event and/or an error event to the actor.
+func (r *runner) note(state session.SandboxState, detail string, err *session.ErrorData) {
+	r.send(&sandboxNote{state: state, detail: detail, err: err})
+}
+
 func (r *runner) exec() *turnExited {
-	sb := r.sandbox
-	if sb == nil {
-		var err error
-		sb, err = r.provider.Open(r.ctx, compute.Spec{Session: r.id})
-		r.send(&turnSandbox{r: r, sb: sb, err: err})
+	res := r.execHarness()
+	res.fence = r.fence
+	return res
+}
+
+// execHarness makes the sandbox ready, runs the harness and saves the
+// workspace.
+func (r *runner) execHarness() *turnExited {
+	b := r.box
+	if r.fence == 0 {
+		f, err := r.h.acquireFence(r.ctx, r.id)
 		if err != nil {
-			return &turnExited{status: session.TurnFailed, code: -1, errors: []session.ErrorData{{
-				Code: session.CodeUnavailable, Message: "the sandbox could not be provisioned: " + err.Error(),
+			msg := "the sandbox could not be provisioned: " + err.Error()
+			r.note("", "", &session.ErrorData{Code: session.CodeUnavailable, Message: msg})
+			return &turnExited{status: session.TurnFailed, code: -1, reason: msg}
+		}
+		r.fence = f
+	}
+	var proc compute.Process
+	for attempt := 0; ; attempt++ {
+		if err := r.h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
+			return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
+		}
+		select {
+		case req := <-r.stops:
+			return r.stoppedBeforeStart(req)
+		default:
+		}
+		b.dirty = true
+		var err error
+		proc, err = b.sb.Exec(r.ctx, compute.ExecRequest{Argv: r.argv, Env: r.env})
+		if err != nil {
+			if sandboxGone(err) {
+				return r.lost("the sandbox is gone: " + err.Error() + "; the next turn gets a fresh sandbox with the last saved workspace")
+			}
+			msg := "the harness could not be started: " + err.Error()
+			return &turnExited{status: session.TurnFailed, code: 127, reason: msg, errors: []session.ErrorData{{
+				Code: session.CodeBadRequest, Message: msg,
 			}}}
 		}
-	}
-	select {
-	case req := <-r.stops:
-		return r.stoppedBeforeStart(req)
-	default:
-	}
-	proc, err := sb.Exec(r.ctx, compute.ExecRequest{Argv: r.argv, Env: r.env})
-	if err != nil {
-		return &turnExited{status: session.TurnFailed, code: 127, errors: []session.ErrorData{{
-			Code: session.CodeBadRequest, Message: "the harness could not be started: " + err.Error(),
-		}}}
+		if !r.h.replaced(b) {
+			break
+		}
+		// The provider replaced a dead machine inside Exec: the command
+		// started on a workspace that was never restored. Kill it at
+		// once, restore, and start the harness again.
+		kill(proc)
+		if attempt > 0 {
+			return r.lost(errMachineReplaced.Error() + "; the next turn gets the last saved workspace")
+		}
+		r.log.Warn("the sandbox's machine was replaced: restoring the workspace and starting the harness again", "turn", r.turn)
 	}
 	r.proc = proc
 	r.out = textBuf{limit: session.MaxOutputEventBytes}
@@ -181,6 +219,9 @@ func (r *runner) exec() *turnExited {
 
 	stdinDone := make(chan struct{})
 	r.wg.Go(func() { r.writeStdin(proc.Stdin(), stdinDone) })
+	if r.h.cfg.Store != nil {
+		r.wg.Go(func() { r.saveLoop(stdinDone) })
+	}
 	outC := make(chan piece, 1)
 	errC := make(chan []byte, 1)
 	r.wg.Go(func() { readLines(proc.Stdout(), outC) })
@@ -243,7 +284,71 @@ func (r *runner) exec() *turnExited {
 	close(stdinDone)
 	proc.Stdin().Close()
 	r.wg.Wait()
-	return r.result(res.exit, res.err)
+	out := r.result(res.exit, res.err)
+	switch {
+	case res.exit.Lost:
+		lost := r.lost(res.exit.Detail)
+		out.errors = append(out.errors, lost.errors...)
+		out.status, out.reason = session.TurnFailed, lost.reason
+		if r.stopping.status != "" {
+			out.status = r.stopping.status
+		}
+	case r.abandoned:
+	case r.h.replaced(b):
+		lost := r.lost(errMachineReplaced.Error() + "; the next turn gets the last saved workspace")
+		out.errors = append(out.errors, lost.errors...)
+		out.status, out.reason = session.TurnFailed, lost.reason
+	default:
+		if err := r.h.saveBox(r.ctx, b); err != nil {
+			out.errors = append(out.errors, *saveError(err))
+		}
+	}
+	return out
+}
+
+// lost ends a turn whose sandbox died: the box forgets it (the next turn
+// provisions a fresh one and restores the last saved workspace) and a
+// sandbox failed event says why.
+func (r *runner) lost(reason string) *turnExited {
+	r.box.drop()
+	r.h.boxes.setAwake(r.box, false)
+	r.note(session.SandboxFailed, reason, nil)
+	return &turnExited{status: session.TurnFailed, code: -1, reason: reason, errors: []session.ErrorData{{
+		Code: session.CodeUnavailable, Message: reason,
+	}}}
+}
+
+// kill kills a command that must not run and waits for it.
+func kill(proc compute.Process) {
+	_ = proc.Signal(syscall.SIGKILL)
+	_ = proc.Stdin().Close()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = io.Copy(io.Discard, proc.Stdout()) })
+	_, _ = io.Copy(io.Discard, proc.Stderr())
+	wg.Wait()
+	_, _ = proc.Wait()
+}
+
+// saveLoop saves the workspace every SaveInterval while the harness runs,
+// until done is closed. A save that fails is reported as an error event;
+// one that succeeds says nothing.
+func (r *runner) saveLoop(done <-chan struct{}) {
+	t := time.NewTicker(r.h.cfg.SaveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if err := r.h.saveBox(r.ctx, r.box); err != nil && r.ctx.Err() == nil {
+				r.note("", "", saveError(err))
+			}
+			// A periodic save does not mean the turn's end is saved.
+			r.box.dirty = true
+		case <-done:
+			return
+		case <-r.ctx.Done():
+			return
+		}
+	}
 }
 
 func (r *runner) stoppedBeforeStart(req stopRequest) *turnExited {
@@ -450,7 +555,7 @@ func (r *runner) acquire() bool {
 
 // maybeStartTurn starts the next queued turn if none runs.
 func (s *sessionActor) maybeStartTurn() {
-	for s.runner == nil && !s.shutting && (s.phase == phaseActive || s.phase == phaseDraining || s.phase == phaseWaking) {
+	for s.runner == nil && s.op == nil && !s.shutting && (s.phase == phaseActive || s.phase == phaseDraining || s.phase == phaseWaking) {
 		t, ok := s.turns.Next()
 		if !ok {
 			return
@@ -463,12 +568,13 @@ func (s *sessionActor) maybeStartTurn() {
 			s.turns.Finish(t.N)
 			continue
 		}
-		if s.sandbox == nil {
-			s.setSandboxState(session.SandboxProvisioning, "")
+		if s.box == nil {
+			s.box = s.h.boxes.get(s.id)
 		}
+		s.h.boxes.disarm(s.box) // A running turn is activity.
 		input := mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By})
 		r := &runner{
-			log: s.log, provider: s.h.cfg.Provider, sandbox: s.sandbox, id: s.id, turn: t.N,
+			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
 			input: append(input, '\n'), argv: argv, env: env,
 			grace: s.h.cfg.CancelGrace, timeout: s.h.cfg.TurnTimeout, maxOutput: s.h.cfg.MaxTurnOutput,
 			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
@@ -487,6 +593,9 @@ func (s *sessionActor) maybeStartTurn() {
 // harness returns the argv and environment of turn t.
 func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) {
 	env = []string{session.EnvSession + "=" + string(s.id), session.EnvTurn + "=" + strconv.FormatInt(t.N, 10)}
+	if s.prev != nil {
+		env = append(env, EnvPreviousTurn+"="+string(mustMarshal(s.prev)))
+	}
 	h := s.meta.Harness
 	if len(h.Command) > 0 {
 		return h.Command, env, nil
@@ -539,19 +648,18 @@ func (s *sessionActor) onTurnApproval(m *turnApproval) {
 		mustMarshal(session.ApprovalRequestedData{Turn: m.r.turn, ID: m.id, Summary: m.summary}), release)
 }
 
-func (s *sessionActor) onTurnSandbox(m *turnSandbox) {
-	if m.r != s.runner || s.phase == phaseDeleting {
-		if m.sb != nil && s.sandbox == nil {
-			s.sandbox = m.sb // Still ours to destroy or reuse.
-		}
+// onSandboxNote logs what a runner or a sandbox op reports about the
+// sandbox.
+func (s *sessionActor) onSandboxNote(m *sandboxNote) {
+	if s.phase == phaseDeleting {
 		return
+	}
+	if m.state != "" {
+		s.setSandboxState(m.state, m.detail)
 	}
 	if m.err != nil {
-		s.setSandboxState(session.SandboxFailed, m.err.Error())
-		return
+		s.emit(session.KindError, session.BySystem, mustMarshal(m.err), nil)
 	}
-	s.sandbox = m.sb
-	s.setSandboxState(session.SandboxReady, "")
 }
 
 func (s *sessionActor) onTurnExited(m *turnExited) {
@@ -560,9 +668,20 @@ func (s *sessionActor) onTurnExited(m *turnExited) {
 	}
 	s.runner = nil
 	s.turns.Finish(m.r.turn)
+	if m.fence > s.fence {
+		s.fence = m.fence
+	}
+	s.prev = &previousTurn{Turn: m.r.turn, Status: m.status, ExitCode: m.code}
+	if m.status != session.TurnOK {
+		s.prev.Reason = m.reason
+		if n := len(m.errors); n > 0 && m.reason == "" {
+			s.prev.Reason = m.errors[n-1].Message
+		}
+	}
 	if s.phase == phaseDeleting {
 		return
 	}
+	s.armSleep()
 	for _, e := range m.errors {
 		s.emit(session.KindError, session.BySystem, mustMarshal(e), nil)
 	}

@@ -44,8 +44,19 @@ type Spec struct {
 	// provider's default.
 	MemoryBytes int64
 	Pids        int
+	// CPUs limits the processor time of the whole sandbox, in CPUs: 0.5 is
+	// half of one CPU's time, 2 is two CPUs' worth. Zero means the
+	// provider's default (which may be no limit).
+	CPUs float64
 	// Network allows network access; sandboxes have none by default.
 	Network bool
+	// Egress lets a sandbox without Network reach these hosts, and only
+	// these, through an HTTP proxy the node runs (commands get HTTP_PROXY
+	// and HTTPS_PROXY): host names ("api.example.com"), wildcards for the
+	// names below a domain ("*.example.com"), or IP addresses, each with
+	// an optional ":port" (without one, ports 80 and 443). Setting both
+	// Network and Egress is an error. See compute/egress.
+	Egress []string
 }
 
 // ExecRequest is a command to run in a sandbox.

@@ -65,4 +65,11 @@ const (
 	EnvTurn    = "ATRIUM_TURN"
 	// EnvPrompt carries the prompt for the built-in shell template only.
 	EnvPrompt = "ATRIUM_PROMPT"
+	// EnvPreviousTurn tells a harness how the session's previous turn
+	// ended: a JSON object {"turn":N,"status":"ok|failed|cancelled|timeout",
+	// "exit_code":N,"reason":TEXT} (reason only when the node logged one,
+	// such as the sandbox dying). It is set from the second turn on, so a
+	// harness whose previous run was cut short knows it (DESIGN §4: history
+	// is the source of truth).
+	EnvPreviousTurn = "ATRIUM_PREVIOUS_TURN"
 )

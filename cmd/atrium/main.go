@@ -13,9 +13,16 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/atriumhq/atrium/compute/egress"
 )
 
 func main() {
+	// Inside a sandbox with an egress allowlist, this binary also runs as
+	// the forwarder from the sandbox's loopback to the node's proxy.
+	if egress.IsForwarder(os.Args) {
+		os.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()

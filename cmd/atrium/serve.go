@@ -12,7 +12,9 @@ import (
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/config"
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/gateway/auth"
+	"github.com/atriumhq/atrium/storage/blob"
 )
 
 func newServeCmd(env *cliEnv) *cobra.Command {
@@ -65,6 +67,32 @@ func serverConfig(f *config.File, logTo io.Writer) (server.Config, error) {
 		PublicURL:       f.PublicURL,
 		AllowedOrigins:  f.AllowedOrigins,
 		Logger:          newLogger(logTo, f.Log.Format, f.Log.Level),
+		Sandbox: server.Sandbox{
+			Provider:     f.Sandbox.Provider,
+			MemoryBytes:  f.Sandbox.MemoryBytes,
+			Pids:         f.Sandbox.Pids,
+			CPUs:         f.Sandbox.CPUs,
+			Egress:       f.Sandbox.Egress,
+			SleepAfter:   f.Sandbox.SleepAfter,
+			MaxLifetime:  f.Sandbox.MaxLifetime,
+			SaveInterval: f.Sandbox.SaveInterval,
+		},
+		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir},
+	}
+	if f.Storage.Type == server.StorageS3 {
+		s3 := f.Storage.S3
+		cfg.Storage.S3 = blob.S3Config{
+			Endpoint: s3.Endpoint, Bucket: s3.Bucket, Prefix: s3.Prefix, Region: s3.Region,
+			AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Secure: !s3.Insecure,
+		}
+	}
+	if f.Sandbox.Provider == server.ProviderRemote {
+		hookLog := cfg.Logger.With("component", "sandbox-hook")
+		if r := f.Sandbox.Remote; r.URL != "" {
+			cfg.Sandbox.Hook = &remote.HTTPHook{URL: r.URL, Logger: hookLog}
+		} else {
+			cfg.Sandbox.Hook = &remote.CommandHook{Create: r.Create, Destroy: r.Delete, Logger: hookLog}
+		}
 	}
 	if f.Auth.Mode == config.AuthOIDC {
 		key, err := f.CookieKeyBytes()

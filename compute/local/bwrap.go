@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/atriumhq/atrium/compute/egress"
 )
 
 // Paths and identities inside a sandbox.
@@ -163,22 +165,79 @@ func etcEntry(p string) ([]string, bool) {
 	return []string{"--ro-bind", p, p}, true
 }
 
+// Paths of the egress proxy's pieces inside a sandbox.
+const (
+	// egressDir holds them.
+	egressDir = "/run/atrium"
+	// egressSocket is the node's proxy, a Unix socket bound from the host.
+	egressSocket = egressDir + "/egress.sock"
+	// egressForwarder is the forwarder executable (atrium itself), named
+	// so that it acts as one (egress.IsForwarder).
+	egressForwarder = egressDir + "/" + egress.ForwarderName
+)
+
+// sandboxOptions are the parts of a bubblewrap command line that differ
+// between sandboxes.
+type sandboxOptions struct {
+	network bool // share the host's network
+	// egress, when set, binds the proxy's socket and the forwarder in and
+	// starts the forwarder before the command.
+	egress *egressMount
+}
+
+// egressMount is what a command needs to reach its sandbox's egress proxy.
+type egressMount struct {
+	socket    string // host path of the proxy's Unix socket
+	forwarder string // host path of the forwarder executable
+	port      int    // where the forwarder listens on the sandbox's loopback
+}
+
 // args returns the bubblewrap arguments that run argv in a sandbox with the
 // host directory workspace at /workspace and dir as working directory. argv
 // is started through /bin/sh's exec so that a missing or non-executable
 // command ends with the shell's status 127 or 126 and a message on stderr.
-func (l *layout) args(workspace, dir string, network bool, argv []string) []string {
-	a := make([]string, 0, len(l.base)+len(l.network)+16+len(argv))
+// With an egress proxy the shell first starts the forwarder in the
+// background and waits until it listens; if it cannot, the command does not
+// run and the status is 125.
+func (l *layout) args(workspace, dir string, o sandboxOptions, argv []string) []string {
+	a := make([]string, 0, len(l.base)+len(l.network)+32+len(argv))
 	a = append(a, l.base...)
-	if network {
+	if o.network {
 		a = append(a, l.network...)
+	}
+	script := `exec "$@"`
+	if e := o.egress; e != nil {
+		a = append(a,
+			"--perms", "0755", "--dir", "/run",
+			"--perms", "0755", "--dir", egressDir,
+			"--ro-bind", e.forwarder, egressForwarder,
+			"--ro-bind", e.socket, egressSocket)
+		// The substitution ends when the forwarder, in the background,
+		// has printed that it listens and closed its output.
+		script = `ready=$(` + egressForwarder + " -listen " + egressListen(e.port) + " -socket " + egressSocket +
+			` &); [ "$ready" = ` + egress.ForwarderReady + ` ] || exit 125; exec "$@"`
 	}
 	a = append(a,
 		"--bind", workspace, Workspace,
 		"--chdir", dir,
 		"--remount-ro", "/",
-		"--", "/bin/sh", "-c", `exec "$@"`, "sh")
+		"--", "/bin/sh", "-c", script, "sh")
 	return append(a, argv...)
+}
+
+// egressListen is the address of the egress proxy on a sandbox's loopback.
+func egressListen(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+
+// proxyEnv returns the environment that points programs at the egress proxy
+// listening at addr (host:port): the variables curl, wget, pip, npm, git,
+// Go, Python's requests and most others read.
+func proxyEnv(addr string) []string {
+	u := "http://" + addr
+	const local = "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=" + local, "no_proxy=" + local,
+	}
 }
 
 // wrapper returns the arguments of /bin/sh that put the shell into the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,19 +24,20 @@ const cgroupMount = "/sys/fs/cgroup"
 // processes to be released by the kernel.
 const cgroupRemoveTimeout = 5 * time.Second
 
-// cgroup is one cgroup in the memory and pids hierarchies. On cgroup v1 they
-// are two directories; on cgroup v2 both fields name the same directory. An
-// empty field means that controller is unavailable.
+// cgroup is one cgroup in the memory, pids and cpu hierarchies. On cgroup
+// v1 they are separate directories; on cgroup v2 the fields name the same
+// directory. An empty field means that controller is unavailable.
 type cgroup struct {
 	v2     bool
 	memory string
 	pids   string
+	cpu    string
 }
 
 // dirs returns the distinct directories of c.
 func (c cgroup) dirs() []string {
 	var ds []string
-	for _, d := range []string{c.pids, c.memory} {
+	for _, d := range []string{c.pids, c.memory, c.cpu} {
 		if d != "" && !slices.Contains(ds, d) {
 			ds = append(ds, d)
 		}
@@ -51,7 +53,7 @@ func (c cgroup) child(name string) cgroup {
 		}
 		return filepath.Join(d, name)
 	}
-	return cgroup{v2: c.v2, memory: j(c.memory), pids: j(c.pids)}
+	return cgroup{v2: c.v2, memory: j(c.memory), pids: j(c.pids), cpu: j(c.cpu)}
 }
 
 // create makes c's directories; existing ones are fine.
@@ -120,8 +122,9 @@ func (c cgroup) killAll() error {
 	return nil
 }
 
-// setLimits writes the memory and process limits of c.
-func (c cgroup) setLimits(memory int64, pids int) error {
+// setLimits writes the memory, process and CPU limits of c; cpus 0 means
+// no CPU limit.
+func (c cgroup) setLimits(memory int64, pids int, cpus float64) error {
 	if c.memory != "" {
 		if c.v2 {
 			if err := writeCgroupFile(filepath.Join(c.memory, "memory.max"), strconv.FormatInt(memory, 10)); err != nil {
@@ -143,7 +146,71 @@ func (c cgroup) setLimits(memory int64, pids int) error {
 			return err
 		}
 	}
+	if c.cpu != "" {
+		if err := c.setCPU(cpus); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// cpuPeriod is the period, in microseconds, over which a CPU limit is
+// enforced: a sandbox limited to N CPUs runs for at most N*cpuPeriod
+// microseconds in each period. The kernel's default, 100 ms.
+const cpuPeriod = 100_000
+
+// cpuQuota returns the quota in microseconds per cpuPeriod for a limit of
+// cpus, or -1 for no limit.
+func cpuQuota(cpus float64) int64 {
+	if cpus <= 0 {
+		return -1
+	}
+	return max(int64(math.Round(cpus*cpuPeriod)), minCPUQuota)
+}
+
+// minCPUQuota is the smallest quota the kernel accepts, in microseconds.
+const minCPUQuota = 1000
+
+// setCPU writes the CPU bandwidth limit of c: cpu.max on cgroup v2,
+// cpu.cfs_period_us and cpu.cfs_quota_us on v1.
+func (c cgroup) setCPU(cpus float64) error {
+	quota := cpuQuota(cpus)
+	period := strconv.Itoa(cpuPeriod)
+	if c.v2 {
+		v := "max " + period
+		if quota > 0 {
+			v = strconv.FormatInt(quota, 10) + " " + period
+		}
+		return writeCgroupFile(filepath.Join(c.cpu, "cpu.max"), v)
+	}
+	quotaFile := filepath.Join(c.cpu, "cpu.cfs_quota_us")
+	// Lift the quota first: a quota and period that are valid together
+	// may not be with the other's old value.
+	if err := writeCgroupFile(quotaFile, "-1"); err != nil {
+		return err
+	}
+	if err := writeCgroupFile(filepath.Join(c.cpu, "cpu.cfs_period_us"), period); err != nil {
+		return err
+	}
+	if quota < 0 {
+		return nil
+	}
+	err := writeCgroupFile(quotaFile, strconv.FormatInt(quota, 10))
+	if errors.Is(err, syscall.EINVAL) {
+		// Cgroup v1 refuses a quota above an ancestor's (atrium itself
+		// runs under a lower CPU limit): that limit applies anyway.
+		return nil
+	}
+	return err
+}
+
+// cpuThrottled returns how many periods the kernel throttled c (and its
+// children) for exceeding the CPU limit, and false when it does not say.
+func (c cgroup) cpuThrottled() (int64, bool) {
+	if c.cpu == "" {
+		return 0, false
+	}
+	return readKeyed(filepath.Join(c.cpu, "cpu.stat"), "nr_throttled")
 }
 
 // setV1Memory sets memory.limit_in_bytes and, when swap accounting is on,
@@ -263,10 +330,10 @@ type cgroups struct {
 	ctrls  []string
 }
 
-// setupCgroups finds the memory and pids controllers and creates the parent
-// cgroup. parent is a path from the root of the hierarchy; "" picks the
-// default described at Config.CgroupParent. It fails when neither
-// controller is usable; warn describes a controller that is missing.
+// setupCgroups finds the memory, pids and cpu controllers and creates the
+// parent cgroup. parent is a path from the root of the hierarchy; "" picks
+// the default described at Config.CgroupParent. It fails when no controller
+// is usable; warn describes the controllers that are missing.
 func setupCgroups(parent string) (cs *cgroups, warn string, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(cgroupMount, &st); err != nil {
@@ -290,16 +357,18 @@ func setupCgroupsV2(root, parent string) (*cgroups, string, error) {
 	avail := strings.Fields(string(b))
 	var ctrls []string
 	var warn string
-	for _, c := range []string{"memory", "pids"} {
+	var missing []string
+	for _, c := range []string{"memory", "pids", "cpu"} {
 		if slices.Contains(avail, c) {
 			ctrls = append(ctrls, c)
 		} else {
-			warn = fmt.Sprintf("the cgroup v2 %s controller is not available", c)
+			missing = append(missing, "the cgroup v2 "+c+" controller is not available")
 		}
 	}
 	if len(ctrls) == 0 {
-		return nil, "", errors.New("cgroup v2 has neither the memory nor the pids controller")
+		return nil, "", errors.New("cgroup v2 has none of the memory, pids and cpu controllers")
 	}
+	warn = strings.Join(missing, "; ")
 	dir := filepath.Join(root, filepath.Clean("/"+parent))
 	cg := cgroup{v2: true}
 	if slices.Contains(ctrls, "memory") {
@@ -308,14 +377,27 @@ func setupCgroupsV2(root, parent string) (*cgroups, string, error) {
 	if slices.Contains(ctrls, "pids") {
 		cg.pids = dir
 	}
+	if slices.Contains(ctrls, "cpu") {
+		cg.cpu = dir
+	}
 	cs := &cgroups{parent: cg, v2root: root, ctrls: ctrls}
-	if err := cs.ensureParent(); err != nil {
+	err = cs.ensureParent()
+	if err != nil && cg.cpu != "" && len(ctrls) > 1 {
+		// The cpu controller can be refused (real-time processes in an
+		// ancestor) where memory and pids work: keep those.
+		cs.ctrls = slices.DeleteFunc(slices.Clone(ctrls), func(c string) bool { return c == "cpu" })
+		cs.parent.cpu = ""
+		if err2 := cs.ensureParent(); err2 == nil {
+			return cs, strings.Join(append(missing, "cannot enable the cgroup v2 cpu controller: "+err.Error()), "; "), nil
+		}
+	}
+	if err != nil {
 		return nil, "", err
 	}
 	return cs, warn, nil
 }
 
-// setupCgroupsV1 prepares the parent cgroup in the v1 memory and pids
+// setupCgroupsV1 prepares the parent cgroup in the v1 memory, pids and cpu
 // hierarchies. By default it nests under the cgroup this process runs in, so
 // sandboxes stay inside any limit the operator put on atrium itself.
 func setupCgroupsV1(parent string) (*cgroups, string, error) {
@@ -329,7 +411,7 @@ func setupCgroupsV1(parent string) (*cgroups, string, error) {
 	}
 	cg := cgroup{}
 	var problems []string
-	for _, ctrl := range []string{"memory", "pids"} {
+	for _, ctrl := range []string{"memory", "pids", "cpu"} {
 		m, ok := mounts[ctrl]
 		if !ok {
 			problems = append(problems, "no cgroup v1 "+ctrl+" hierarchy is mounted")
@@ -350,13 +432,16 @@ func setupCgroupsV1(parent string) (*cgroups, string, error) {
 			problems = append(problems, fmt.Sprintf("create %s: %v", dir, err))
 			continue
 		}
-		if ctrl == "memory" {
+		switch ctrl {
+		case "memory":
 			cg.memory = dir
-		} else {
+		case "pids":
 			cg.pids = dir
+		case "cpu":
+			cg.cpu = dir
 		}
 	}
-	if cg.memory == "" && cg.pids == "" {
+	if cg.memory == "" && cg.pids == "" && cg.cpu == "" {
 		return nil, "", errors.New(strings.Join(problems, "; "))
 	}
 	return &cgroups{parent: cg}, strings.Join(problems, "; "), nil
@@ -393,7 +478,7 @@ func (cs *cgroups) ensureParent() error {
 
 // createSession makes (or reuses) the cgroup of a sandbox and sets its
 // limits.
-func (cs *cgroups) createSession(name string, memory int64, pids int) (cgroup, error) {
+func (cs *cgroups) createSession(name string, memory int64, pids int, cpus float64) (cgroup, error) {
 	if err := cs.ensureParent(); err != nil {
 		return cgroup{}, err
 	}
@@ -416,7 +501,7 @@ func (cs *cgroups) createSession(name string, memory int64, pids int) (cgroup, e
 			return cgroup{}, err
 		}
 	}
-	if err := cg.setLimits(memory, pids); err != nil {
+	if err := cg.setLimits(memory, pids, cpus); err != nil {
 		return cgroup{}, fmt.Errorf("set limits of %s: %w", name, err)
 	}
 	return cg, nil
@@ -525,7 +610,7 @@ func readKeyed(path, key string) (int64, bool) {
 
 // writeCgroupFile writes s to an existing cgroup control file.
 func writeCgroupFile(path, s string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {
 		return err
 	}

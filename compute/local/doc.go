@@ -20,7 +20,9 @@
 //     bubblewrap), so setuid binaries grant nothing.
 //   - No network: the sandbox's network namespace holds only loopback, which
 //     does not reach the host's loopback services. compute.Spec.Network
-//     shares the host's network instead (and its /etc/resolv.conf).
+//     shares the host's network instead (and its /etc/resolv.conf);
+//     compute.Spec.Egress keeps the network off but lets HTTP(S) reach the
+//     listed hosts through a proxy (see Egress below).
 //   - A read-only system: /usr (and the /bin, /lib, /lib64, /sbin links of a
 //     merged-/usr system) bound read-only, and a synthesized read-only /etc
 //     that holds only what programs need to run (dynamic linker cache, name
@@ -42,8 +44,11 @@
 //     request's Env: the host environment, which holds atrium's own secrets,
 //     is never inherited. Env travels through the process environment, never
 //     the command line, so other host users cannot read it from ps.
-//   - Memory (without swap) and process-count limits for the whole sandbox
-//     from a cgroup per session (v1 or v2, whichever the host has). Each
+//   - Memory (without swap), process-count and CPU limits for the whole
+//     sandbox from a cgroup per session (v1 or v2, whichever the host has;
+//     CPU time through CFS bandwidth control: cpu.max on v2,
+//     cpu.cfs_quota_us over a 100 ms cpu.cfs_period_us on v1, so a sandbox
+//     limited to 0.5 CPUs runs at most 50 ms of every 100 ms). Each
 //     command runs in a leaf cgroup of its own below it, entered by a tiny
 //     /bin/sh wrapper that writes its pid to cgroup.procs and then execs
 //     bwrap, so the command cannot fork before it is limited. The leaf
@@ -52,7 +57,43 @@
 //
 // When the host has no usable cgroups the provider logs one warning at New
 // and runs sandboxes without limits; a command's processes are then found
-// through the process tree.
+// through the process tree. A missing controller (say, no cpu controller)
+// only removes its limit, with a warning naming it.
+//
+// # Egress
+//
+// A sandbox opened with compute.Spec.Egress (host names, "*.example.com"
+// wildcards, IP addresses, optional ":port"; see compute/egress) still has
+// no network of its own. The provider runs one egress proxy per sandbox
+// (egress.Proxy), listening on a Unix socket <Config.Dir>/<session>/egress.sock
+// that only that sandbox has bound in (at /run/atrium/egress.sock), so the
+// proxy knows which sandbox asks without trusting anything it says. It
+// forwards http:// requests and tunnels CONNECT (https) to listed hosts,
+// resolving names on the host, and answers anything else with 403 and a body
+// naming the refused host and the allowlist; denials are logged with the
+// host only. The proxy starts with the sandbox, takes a new allowlist from
+// a later Open at once, and stops (closing its tunnels) when the sandbox
+// sleeps or is destroyed.
+//
+// Inside, programs find it at HTTP_PROXY=HTTPS_PROXY=http://127.0.0.1:3128
+// (Config.EgressPort; also http_proxy, https_proxy, and NO_PROXY for
+// loopback). Each command's sandbox has its own network namespace, so each
+// command's /bin/sh first starts the forwarder (the atrium executable
+// itself, Config.Forwarder, bound read-only at
+// /run/atrium/atrium-egress-forward), which listens on that port, relays
+// connections to the socket, ignores the signals meant for the command and
+// dies with the sandbox's pid namespace; the command starts once it
+// listens. Its main must begin with the egress.IsForwarder check (atrium's
+// does; a test binary's TestMain must too): Open checks this once with
+// `-probe` and fails with session.ErrUnavailable if not. Programs that
+// ignore the proxy variables, resolve names themselves, or speak other
+// protocols (ssh to port 22) get no connection: the sandbox has no DNS and
+// no route.
+//
+// In unsafe mode the allowlist is not enforced: commands have the host's
+// network. The proxy then listens on the host's loopback and the variables
+// point at it, so programs that honour them see the same answers as in a
+// sandbox; the provider logs a warning once.
 //
 // If bubblewrap is not installed, New succeeds but Open fails with an error
 // matching session.ErrUnavailable that says how to install it. Config.Unsafe

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +16,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -29,6 +33,15 @@ const (
 	// DefaultCgroupParent is the parent of the sandboxes' cgroups on
 	// cgroup v2, from the root of the hierarchy.
 	DefaultCgroupParent = "/atrium"
+	// DefaultEgressPort is the port of the egress proxy on the loopback of
+	// a sandbox with an egress allowlist (HTTP_PROXY=http://127.0.0.1:3128).
+	DefaultEgressPort = 3128
+)
+
+// Bounds of a CPU limit, in CPUs.
+const (
+	minCPUs = float64(minCPUQuota) / cpuPeriod
+	maxCPUs = 4096
 )
 
 // ErrNoBubblewrap is returned by Open when bubblewrap is not installed and
@@ -56,6 +69,23 @@ type Config struct {
 	// DefaultPids.
 	MemoryBytes int64
 	Pids        int
+	// CPUs is the default CPU limit of a sandbox, in CPUs (0.5 is half of
+	// one CPU's time), used when its compute.Spec leaves CPUs zero; zero
+	// means no limit.
+	CPUs float64
+	// Forwarder is the executable that is bound into sandboxes with an
+	// egress allowlist and run there as the in-sandbox end of the egress
+	// proxy (compute/egress): its main must start with the
+	// egress.IsForwarder check. Default: this process's own executable.
+	Forwarder string
+	// EgressPort is the port of the egress proxy on a sandbox's loopback;
+	// default DefaultEgressPort.
+	EgressPort int
+	// EgressDial connects the egress proxies to allowed destinations
+	// (egress.Config.Dial). Default: resolve with the host's resolver and
+	// refuse loopback and link-local addresses. Tests map names to
+	// servers on loopback with it.
+	EgressDial func(ctx context.Context, network, address string) (net.Conn, error)
 	// CgroupParent is the cgroup under which the per-sandbox cgroups are
 	// made, as a path from the root of the cgroup hierarchy. Default: on
 	// cgroup v1, "atrium" inside the cgroup this process runs in, so
@@ -84,6 +114,14 @@ type Provider struct {
 	// namespace of its own; it turns false if the kernel refuses.
 	pidns atomic.Bool
 
+	// forwarder is the host path of the egress forwarder; forwarderErr
+	// says why there is none.
+	forwarder    string
+	forwarderErr error
+	// unsafeEgress warns once that unsafe mode does not enforce egress
+	// allowlists.
+	unsafeEgress sync.Once
+
 	// wg counts the goroutines that wait for commands.
 	wg sync.WaitGroup
 
@@ -92,6 +130,7 @@ type Provider struct {
 	fences   map[session.ID]int64    // guarded by mu: highest fence seen per session
 	closed   bool                    // guarded by mu
 	probed   bool                    // guarded by mu: bubblewrap ran a sandbox once
+	fwdOK    bool                    // guarded by mu: the forwarder answered its probe
 }
 
 var _ compute.Provider = (*Provider)(nil)
@@ -106,6 +145,15 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.MemoryBytes < 0 || cfg.Pids < 0 {
 		return nil, errors.New("local compute: limits must not be negative")
+	}
+	if err := checkCPUs(cfg.CPUs); err != nil {
+		return nil, fmt.Errorf("local compute: %w", err)
+	}
+	if cfg.EgressPort < 0 || cfg.EgressPort > 65535 {
+		return nil, errors.New("local compute: EgressPort must be a port number")
+	}
+	if cfg.EgressPort == 0 {
+		cfg.EgressPort = DefaultEgressPort
 	}
 	if cfg.MemoryBytes == 0 {
 		cfg.MemoryBytes = DefaultMemoryBytes
@@ -142,10 +190,16 @@ func New(cfg Config) (*Provider, error) {
 			return nil, fmt.Errorf("local compute: %w", err)
 		}
 	}
+	p.forwarder = cfg.Forwarder
+	if p.forwarder == "" {
+		if p.forwarder, err = os.Executable(); err != nil {
+			p.forwarderErr = fmt.Errorf("find atrium's executable: %w", err)
+		}
+	}
 	cg, warn, err := setupCgroups(cfg.CgroupParent)
 	switch {
 	case err != nil:
-		p.log.Warn("cgroups are unavailable: sandboxes run without memory and process limits", "reason", err.Error())
+		p.log.Warn("cgroups are unavailable: sandboxes run without memory, process and CPU limits", "reason", err.Error())
 	case warn != "":
 		p.log.Warn("sandbox limits are incomplete", "reason", warn)
 	}
@@ -176,14 +230,12 @@ func findBwrap(configured string) string {
 // seen for the session, and session.ErrUnavailable when sandboxes cannot run
 // on this host.
 func (p *Provider) Open(ctx context.Context, spec compute.Spec) (compute.Sandbox, error) {
-	if err := spec.Session.Validate(); err != nil {
+	lim, err := p.limitsOf(spec)
+	if err != nil {
 		return nil, err
 	}
-	if spec.MemoryBytes < 0 || spec.Pids < 0 {
-		return nil, session.Errorf(session.CodeBadRequest, "sandbox limits must not be negative")
-	}
 	p.mu.Lock()
-	err := p.admitLocked(spec.Session, spec.Fence)
+	err = p.admitLocked(spec.Session, spec.Fence)
 	if err == nil {
 		p.fences[spec.Session] = spec.Fence
 	}
@@ -199,18 +251,120 @@ func (p *Provider) Open(ctx context.Context, spec compute.Spec) (compute.Sandbox
 	if err := p.probe(ctx); err != nil {
 		return nil, err
 	}
-	lim := limits{memory: spec.MemoryBytes, pids: spec.Pids, network: spec.Network}
-	if lim.memory == 0 {
-		lim.memory = p.cfg.MemoryBytes
-	}
-	if lim.pids == 0 {
-		lim.pids = p.cfg.Pids
+	if lim.egress != nil {
+		if err := p.probeForwarder(ctx); err != nil {
+			return nil, err
+		}
+		if p.layout == nil {
+			p.unsafeEgress.Do(func() {
+				p.log.Warn("egress allowlists are not enforced with --unsafe-no-sandbox: commands have the host's network; " +
+					"HTTP_PROXY and HTTPS_PROXY point them at the allowlist's proxy, which only programs that honour them use")
+			})
+		}
 	}
 	if err := m.open(ctx, spec.Fence, lim); err != nil {
 		return nil, err
 	}
 	return &Sandbox{m: m, fence: spec.Fence}, nil
 }
+
+// limitsOf validates spec and returns the sandbox's resources, with the
+// provider's defaults for what spec leaves zero.
+func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
+	if err := spec.Session.Validate(); err != nil {
+		return limits{}, err
+	}
+	if spec.MemoryBytes < 0 || spec.Pids < 0 {
+		return limits{}, session.Errorf(session.CodeBadRequest, "sandbox limits must not be negative")
+	}
+	if err := checkCPUs(spec.CPUs); err != nil {
+		return limits{}, session.Errorf(session.CodeBadRequest, "sandbox %s", err.Error())
+	}
+	lim := limits{memory: spec.MemoryBytes, pids: spec.Pids, cpus: spec.CPUs, network: spec.Network}
+	if lim.memory == 0 {
+		lim.memory = p.cfg.MemoryBytes
+	}
+	if lim.pids == 0 {
+		lim.pids = p.cfg.Pids
+	}
+	if lim.cpus == 0 {
+		lim.cpus = p.cfg.CPUs
+	}
+	if len(spec.Egress) > 0 {
+		if spec.Network {
+			return limits{}, session.Errorf(session.CodeBadRequest,
+				"a sandbox has either the network or an egress allowlist, not both")
+		}
+		a, err := egress.ParseAllowlist(spec.Egress)
+		if err != nil {
+			return limits{}, session.Errorf(session.CodeBadRequest, "%s", err.Error())
+		}
+		lim.egress = a
+	}
+	return lim, nil
+}
+
+// checkCPUs validates a CPU limit; zero means none.
+func checkCPUs(cpus float64) error {
+	switch {
+	case math.IsNaN(cpus) || cpus < 0:
+		return errors.New("CPU limit must not be negative")
+	case cpus != 0 && cpus < minCPUs:
+		return fmt.Errorf("CPU limit must be at least %g CPUs", minCPUs)
+	case cpus > maxCPUs:
+		return fmt.Errorf("CPU limit must be at most %d CPUs", maxCPUs)
+	}
+	return nil
+}
+
+// probeForwarder checks once that the forwarder executable acts as one, so
+// that a binary without the egress.IsForwarder check fails at Open with the
+// reason instead of at every command (or worse, runs its own main inside
+// the sandbox). In unsafe mode there is nothing to check: the proxy
+// listens on the host's loopback.
+func (p *Provider) probeForwarder(ctx context.Context) error {
+	if p.layout == nil {
+		return nil
+	}
+	p.mu.Lock()
+	done := p.fwdOK
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	unavailable := func(reason string) error {
+		return session.Errorf(session.CodeUnavailable,
+			"egress allowlists are unavailable: %s; the forwarder must be the atrium executable, or a program whose main starts with egress.IsForwarder",
+			reason)
+	}
+	if p.forwarderErr != nil {
+		return unavailable(p.forwarderErr.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, forwarderProbeTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.forwarder, "-probe")
+	cmd.Args[0] = egress.ForwarderName
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	out, err := cmd.Output()
+	if string(out) != egress.ForwarderProbeOutput {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return fmt.Errorf("probe egress forwarder: %w", ctx.Err())
+		}
+		reason := "it did not answer its probe"
+		if err != nil {
+			reason += " (" + err.Error() + ")"
+		}
+		return unavailable(fmt.Sprintf("%s does not act as the egress forwarder: %s", p.forwarder, reason))
+	}
+	p.mu.Lock()
+	p.fwdOK = true
+	p.mu.Unlock()
+	return nil
+}
+
+// forwarderProbeTimeout bounds the forwarder's probe.
+const forwarderProbeTimeout = 10 * time.Second
 
 // admitLocked checks that the provider can run sandboxes and that fence is
 // current for id.
@@ -269,9 +423,9 @@ func (p *Provider) probe(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	args := p.layout.args(p.stateDir, Workspace, false, []string{"true"})
+	args := p.layout.args(p.stateDir, Workspace, sandboxOptions{}, []string{"true"})
 	cmd := exec.CommandContext(ctx, p.bwrap, args...)
-	cmd.Env = environ(Workspace, nil)
+	cmd.Env = environ(Workspace)
 	cmd.Dir = "/"
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -321,8 +475,11 @@ func (p *Provider) Close(ctx context.Context) error {
 }
 
 // environ returns the environment of a command: the minimal base, then
-// extra, whose entries win over the base's.
-func environ(home string, extra []string) []string {
+// extras in order, whose entries win over earlier ones.
+func environ(home string, extras ...[]string) []string {
 	env := []string{"PATH=" + sandboxPath, "HOME=" + home, "LANG=C.UTF-8", "TERM=dumb"}
-	return append(env, extra...)
+	for _, e := range extras {
+		env = append(env, e...)
+	}
+	return env
 }

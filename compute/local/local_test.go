@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,18 +22,27 @@ import (
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/computetest"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// Sandboxes with an egress allowlist run this binary as their
+	// forwarder. syscall.Exit skips the race detector's one-second pause
+	// at exit, which every command would otherwise wait for.
+	if egress.IsForwarder(os.Args) {
+		syscall.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // newTestProvider returns a provider over a temporary directory (unless cfg
 // names one), closed when the test ends.
 func newTestProvider(tb testing.TB, cfg Config) *Provider {
 	tb.Helper()
 	if !cfg.Unsafe && cfg.Bwrap == "" {
-		if _, err := os.Stat("/usr/bin/bwrap"); err != nil {
-			tb.Skip("bubblewrap is not installed")
+		if _, err := exec.LookPath("bwrap"); err != nil {
+			tb.Fatal("bubblewrap is not installed: run .ci/deps")
 		}
 	}
 	if cfg.Dir == "" {
@@ -446,16 +456,16 @@ func TestSandbox_BadRequests(t *testing.T) {
 
 func TestCgroup_Files(t *testing.T) {
 	dir := t.TempDir()
-	for _, f := range []string{"memory.max", "memory.swap.max", "pids.max", "memory.events", "cgroup.subtree_control"} {
+	for _, f := range []string{"memory.max", "memory.swap.max", "pids.max", "cpu.max", "memory.events", "cgroup.subtree_control"} {
 		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cg := cgroup{v2: true, memory: dir, pids: dir}
-	if err := cg.setLimits(64<<20, 32); err != nil {
+	cg := cgroup{v2: true, memory: dir, pids: dir, cpu: dir}
+	if err := cg.setLimits(64<<20, 32, 1.5); err != nil {
 		t.Fatal(err)
 	}
-	for f, want := range map[string]string{"memory.max": "67108864", "memory.swap.max": "0", "pids.max": "32"} {
+	for f, want := range map[string]string{"memory.max": "67108864", "memory.swap.max": "0", "pids.max": "32", "cpu.max": "150000 100000"} {
 		if b, _ := os.ReadFile(filepath.Join(dir, f)); string(b) != want {
 			t.Errorf("%s = %q, want %q", f, b, want)
 		}
@@ -486,10 +496,15 @@ func BenchmarkSandbox_Exec(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
-	}{{"Sandboxed", Config{}}, {"Unsafe", Config{Unsafe: true}}} {
+		spec compute.Spec
+	}{
+		{"Sandboxed", Config{}, compute.Spec{}},
+		{"SandboxedEgress", Config{}, compute.Spec{Egress: []string{"example.com"}}},
+		{"Unsafe", Config{Unsafe: true}, compute.Spec{}},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
 			p := newTestProvider(b, tc.cfg)
-			sb := computetest.Open(b, p, compute.Spec{})
+			sb := computetest.Open(b, p, tc.spec)
 			for b.Loop() {
 				pr, err := sb.Exec(context.Background(), compute.ExecRequest{Argv: []string{"true"}})
 				if err != nil {

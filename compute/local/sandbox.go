@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -27,7 +28,9 @@ const killTimeout = 10 * time.Second
 type limits struct {
 	memory  int64
 	pids    int
+	cpus    float64 // 0: no limit
 	network bool
+	egress  *egress.Allowlist // nil: no egress proxy
 }
 
 // Sandbox is a handle on one session's sandbox, carrying the fence of the
@@ -53,9 +56,10 @@ type machine struct {
 	// context.
 	lock chan struct{}
 
-	limits limits  // guarded by lock
-	cg     *cgroup // guarded by lock: the sandbox's cgroup while ready; nil without cgroups
-	seq    int     // guarded by lock: numbers the commands' leaf cgroups
+	limits limits      // guarded by lock
+	cg     *cgroup     // guarded by lock: the sandbox's cgroup while ready; nil without cgroups
+	seq    int         // guarded by lock: numbers the commands' leaf cgroups
+	gate   *egressGate // guarded by lock: the egress proxy while ready, once an allowlist was set
 
 	mu    sync.Mutex
 	state session.SandboxState // guarded by mu
@@ -128,7 +132,7 @@ func (m *machine) provisionLocked() error {
 		return fmt.Errorf("create workspace: %w", err)
 	}
 	if cs := m.p.cg; cs != nil {
-		cg, err := cs.createSession(string(m.id), m.limits.memory, m.limits.pids)
+		cg, err := cs.createSession(string(m.id), m.limits.memory, m.limits.pids, m.limits.cpus)
 		if err != nil {
 			return err
 		}
@@ -143,6 +147,9 @@ func (m *machine) provisionLocked() error {
 				return err
 			}
 		}
+	}
+	if err := m.egressLocked(); err != nil {
+		return err
 	}
 	m.setState(session.SandboxReady)
 	return nil
@@ -189,6 +196,9 @@ func (m *machine) stopLocked(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("stop sandbox %s: %w", m.id, ctx.Err())
 		}
+	}
+	if err := m.closeEgressLocked(); err != nil {
+		errs = append(errs, err)
 	}
 	if m.cg != nil {
 		if err := m.sweepLocked(); err != nil {
@@ -285,6 +295,12 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
 	}
+	if m.limits.egress != nil && m.gate == nil {
+		// An Open that set the allowlist failed to start the proxy.
+		if err := m.egressLocked(); err != nil {
+			return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+		}
+	}
 	p := m.p
 	var leaf *cgroup
 	if m.cg != nil {
@@ -295,7 +311,7 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		}
 		leaf = &l
 	}
-	var target []string
+	var target, proxy []string
 	var cmdDir, home string
 	if p.layout != nil {
 		dir := req.Dir
@@ -304,19 +320,27 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		} else if !path.IsAbs(dir) {
 			dir = path.Join(Workspace, dir)
 		}
-		target = append([]string{p.bwrap}, p.layout.args(m.workspace, dir, m.limits.network, req.Argv)...)
+		o := sandboxOptions{network: m.limits.network}
+		if m.limits.egress != nil {
+			o.egress = &egressMount{socket: m.gate.socket, forwarder: p.forwarder, port: p.cfg.EgressPort}
+			proxy = proxyEnv(egressListen(p.cfg.EgressPort))
+		}
+		target = append([]string{p.bwrap}, p.layout.args(m.workspace, dir, o, req.Argv)...)
 		// bubblewrap runs from / so that the inherited PWD does not name
 		// a host path.
 		cmdDir, home = "/", Workspace
 	} else {
 		target = req.Argv
 		cmdDir, home = m.hostDir(req.Dir), m.workspace
+		if m.limits.egress != nil {
+			proxy = proxyEnv(m.gate.addr)
+		}
 	}
 	var files []string
 	if leaf != nil {
 		files = leaf.procsFiles()
 	}
-	pr, err := start(m, leaf, wrapper(files, target), environ(home, req.Env), cmdDir)
+	pr, err := start(m, leaf, wrapper(files, target), environ(home, proxy, req.Env), cmdDir)
 	if err != nil {
 		if leaf != nil {
 			_ = leaf.remove() // Nothing entered it.

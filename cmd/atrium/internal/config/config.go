@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/atriumhq/atrium/compute/egress"
 )
 
 // Defaults of File.
@@ -34,6 +36,7 @@ const (
 	DefaultCancelGrace    = 5 * time.Second
 	DefaultSleepAfter     = 10 * time.Minute
 	DefaultMaxLifetime    = 24 * time.Hour
+	DefaultSaveInterval   = 5 * time.Minute
 	DefaultCookieTTL      = 12 * time.Hour
 	DefaultLogFormat      = "json"
 	DefaultLogLevel       = "info"
@@ -64,6 +67,8 @@ type File struct {
 	Node           Node     `yaml:"node"`
 	Sandbox        Sandbox  `yaml:"sandbox"`
 	Storage        Storage  `yaml:"storage"`
+	// Channels configures chat channels and webhooks (channels.go).
+	Channels Channels `yaml:"channels"`
 }
 
 // Log configures logging.
@@ -127,11 +132,20 @@ type Sandbox struct {
 	// MemoryBytes and Pids limit each sandbox (0: provider default).
 	MemoryBytes int64 `yaml:"memory_bytes"`
 	Pids        int   `yaml:"pids"`
+	// CPUs limits each sandbox's CPU time (0.5 is half a core; 0: no limit).
+	CPUs float64 `yaml:"cpus"`
+	// Egress lists the hostnames sandboxes may reach through the node's
+	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
+	// network at all.
+	Egress []string `yaml:"egress"`
 	// SleepAfter puts an idle sandbox to sleep (workspace saved first);
 	// MaxLifetime replaces a sandbox with a fresh one (workspace kept).
 	SleepAfter  time.Duration `yaml:"sleep_after"`
 	MaxLifetime time.Duration `yaml:"max_lifetime"`
-	Remote      Remote        `yaml:"remote"`
+	// SaveInterval is how often a running turn's workspace is saved (it is
+	// also saved at the end of every turn).
+	SaveInterval time.Duration `yaml:"save_interval"`
+	Remote       Remote        `yaml:"remote"`
 }
 
 // Remote configures the provisioning hook of remote sandboxes: either
@@ -220,6 +234,7 @@ func (f *File) fillDefaults() {
 	defDur(&f.Node.CancelGrace, DefaultCancelGrace)
 	defDur(&f.Sandbox.SleepAfter, DefaultSleepAfter)
 	defDur(&f.Sandbox.MaxLifetime, DefaultMaxLifetime)
+	defDur(&f.Sandbox.SaveInterval, DefaultSaveInterval)
 	if f.Auth.Mode == AuthOIDC {
 		def(&f.Auth.OIDC.UserClaim, "email")
 		def(&f.Auth.OIDC.GroupsClaim, "groups")
@@ -291,11 +306,17 @@ func (f *File) Validate(dev bool) error {
 	for key, d := range map[string]time.Duration{
 		"node.hibernate_after": f.Node.HibernateAfter, "node.turn_timeout": f.Node.TurnTimeout,
 		"node.cancel_grace": f.Node.CancelGrace, "sandbox.sleep_after": f.Sandbox.SleepAfter,
-		"sandbox.max_lifetime": f.Sandbox.MaxLifetime,
+		"sandbox.max_lifetime": f.Sandbox.MaxLifetime, "sandbox.save_interval": f.Sandbox.SaveInterval,
 	} {
 		if d < 0 {
 			bad(key, "must be positive")
 		}
+	}
+	if f.Sandbox.CPUs < 0 {
+		bad("sandbox.cpus", "must be positive (0.5 is half a core; 0 means no limit)")
+	}
+	if _, err := egress.ParseAllowlist(f.Sandbox.Egress); err != nil {
+		bad("sandbox.egress", "%v", err)
 	}
 	switch f.Sandbox.Provider {
 	case "local":
@@ -331,6 +352,7 @@ func (f *File) Validate(dev bool) error {
 	default:
 		bad("storage.type", "%q: want dir or s3", f.Storage.Type)
 	}
+	errs = append(errs, f.Channels.check()...)
 	return errors.Join(errs...)
 }
 
