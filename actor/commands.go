@@ -89,7 +89,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	switch c.Op {
 	case session.OpPrompt, session.OpCancel, session.OpApprove:
 		need = session.ActDrive
-	case session.OpMember, session.OpDelete:
+	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress:
 		need = session.ActManage
 	case session.OpHistory, session.OpInfo:
 	default:
@@ -120,6 +120,14 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 		s.opMember(msg, who.User, c)
 	case session.OpDelete:
 		s.opDelete(msg)
+	case session.OpSecretSet:
+		s.opSecretSet(msg, who.User, c)
+	case session.OpSecretDelete:
+		s.opSecretDelete(msg, c)
+	case session.OpSecrets:
+		s.opSecrets(msg)
+	case session.OpEgress:
+		s.opEgress(msg, who, c)
 	}
 }
 

@@ -34,6 +34,8 @@ type batch struct {
 	gen  uint64
 	pend []pendingEvent
 	meta *session.Meta
+	// metaAfter run on the actor once meta is written (err nil) or not.
+	metaAfter []func(err error)
 }
 
 // committed reports the outcome of one commit (one or more batches, in
@@ -217,6 +219,7 @@ func (s *sessionActor) flush() {
 		m := s.metaNext
 		m.Members = cloneMembers(m.Members)
 		b.meta = &m
+		b.metaAfter, s.metaAfter = s.metaAfter, nil
 		s.metaDirty = false
 	}
 	s.uncommitted++
@@ -246,16 +249,26 @@ func (s *sessionActor) onCommitted(m *committed) {
 			s.nextSeq = s.durable + 1
 			s.metaNext = s.meta
 			s.metaDirty = false
+			for _, f := range s.metaAfter {
+				dropped = append(dropped, pendingEvent{after: f})
+			}
+			s.metaAfter = nil
 		}
 		for _, p := range dropped {
 			if p.after != nil {
 				p.after(m.err)
 			}
 		}
+		for _, b := range m.batches {
+			for _, f := range b.metaAfter {
+				f(m.err)
+			}
+		}
 		return
 	}
 	for _, b := range m.batches {
 		if n := len(b.pend); n > 0 {
+			s.h.metrics.appended.Add(float64(n))
 			s.durable = b.pend[n-1].ev.Seq
 		}
 		if b.meta != nil {
@@ -271,6 +284,9 @@ func (s *sessionActor) onCommitted(m *committed) {
 			if p.after != nil {
 				p.after(nil)
 			}
+		}
+		for _, f := range b.metaAfter {
+			f(m.metaErr)
 		}
 	}
 	s.catalogChanged()

@@ -18,11 +18,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/storage/sqlite"
 )
 
 func TestMain(m *testing.M) {
+	if egress.IsForwarder(os.Args) { // The egress tests' sandboxes run this binary as their forwarder.
+		os.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	goleak.VerifyTestMain(m)
 }
 

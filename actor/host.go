@@ -31,6 +31,7 @@ import (
 	proto "github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/mount"
@@ -81,6 +82,12 @@ type Config struct {
 	// SandboxSpec holds the limits of every sandbox (MemoryBytes, Pids,
 	// Network); the node sets Session and Fence.
 	SandboxSpec compute.Spec
+	// EgressPermit lists the egress allowlist entries owners may ask for
+	// their sessions (compute/egress syntax): a session's entry must be
+	// covered by one of them ("*.example.com" covers "api.example.com").
+	// Empty: sessions cannot open any egress of their own. A session's
+	// sandbox gets SandboxSpec.Egress plus its own entries.
+	EgressPermit []string
 	// Store is the object store sandboxes' workspaces are saved to
 	// (DESIGN §6): restored when a sandbox is provisioned or woken, saved
 	// at the end of each turn, every SaveInterval during a turn, before
@@ -130,6 +137,9 @@ type Config struct {
 	// the end of a turn, a membership change and hibernation rewrite it at
 	// once. DefaultCatalogInterval if zero.
 	CatalogInterval time.Duration
+	// Registerer receives the node's Prometheus metrics (actor/metrics.go);
+	// nil registers them nowhere.
+	Registerer prometheus.Registerer
 	// Logger receives the host's and protoactor's logs; slog.Default() if nil.
 	Logger *slog.Logger
 }
@@ -140,6 +150,7 @@ type Host struct {
 	cfg       Config
 	log       *slog.Logger
 	templates map[string][]string
+	egress    *egressPolicy
 
 	system  *proto.ActorSystem
 	manager *proto.PID
@@ -154,6 +165,7 @@ type Host struct {
 	boxes   *sandboxes
 	reads   chan readJob
 	place   *nats.Subscription
+	metrics *metrics
 	// stopResume ends resume, which activates the sessions that were
 	// active when the node last stopped.
 	stopResume context.CancelFunc
@@ -228,6 +240,10 @@ func New(cfg Config) (*Host, error) {
 		}
 		templates[name] = argv
 	}
+	pol, err := newEgressPolicy(cfg.SandboxSpec.Egress, cfg.EgressPermit, cfg.SandboxSpec.Network)
+	if err != nil {
+		return nil, fmt.Errorf("new host: %w", err)
+	}
 	log := cfg.Logger
 	if cfg.NodeID != "" {
 		log = log.With("node", cfg.NodeID)
@@ -236,11 +252,17 @@ func New(cfg Config) (*Host, error) {
 		cfg:            cfg,
 		log:            log,
 		templates:      templates,
+		egress:         pol,
 		managerDone:    make(chan struct{}),
 		managerStopped: make(chan struct{}),
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}
+	m, err := newMetrics(h, cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("new host: register metrics: %w", err)
+	}
+	h.metrics = m
 	h.ctx, h.cancel = context.WithCancelCause(context.Background())
 	return h, nil
 }

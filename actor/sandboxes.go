@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,6 +45,8 @@ type box struct {
 	dirty    bool            // a turn ran since the last successful save
 	born     time.Time       // when sb was provisioned, for MaxLifetime
 	machine  uint64          // Config.SandboxGeneration when sb was last made ready
+	egress   []string        // the session's effective egress allowlist, set by its actor before each turn
+	opened   []string        // the egress allowlist sb was opened with
 
 	// ---
 	awake bool        // guarded by sandboxes.mu: sb is open and not asleep
@@ -260,8 +263,9 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		b.sb, b.fence, b.born = sb, fence, h.now()
 		b.restored, b.asleep = false, false
 		changed = true
-	case b.fence < fence:
-		// A new activation: the handle must carry its fence.
+	case b.fence < fence || !slices.Equal(b.opened, b.egress):
+		// A new activation: the handle must carry its fence. Or the
+		// session's egress allowlist changed: opening again applies it.
 		sb, err := h.openSandbox(ctx, b, fence)
 		if err != nil {
 			b.drop()
@@ -290,7 +294,10 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		b.ws = ws
 		if !b.restored || b.asleep {
 			note(session.SandboxRestoring, "", nil)
-			if _, err := b.vol.Restore(ctx, b.ws, b.fence); err != nil {
+			start := time.Now()
+			st, err := b.vol.Restore(ctx, b.ws, b.fence)
+			h.metrics.restored(st, time.Since(start), err)
+			if err != nil {
 				b.drop()
 				msg := "workspace not restored: " + storeProblem(err) + "; the saved copy is untouched and the next turn tries again"
 				note(session.SandboxFailed, msg, &session.ErrorData{Code: errorCode(err), Message: msg})
@@ -315,7 +322,15 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 func (h *Host) openSandbox(ctx context.Context, b *box, fence int64) (compute.Sandbox, error) {
 	spec := h.cfg.SandboxSpec
 	spec.Session, spec.Fence = b.id, fence
-	return h.cfg.Provider.Open(ctx, spec)
+	spec.Egress = slices.Clone(b.egress)
+	if b.egress == nil {
+		spec.Egress = slices.Clone(h.cfg.SandboxSpec.Egress)
+	}
+	sb, err := h.cfg.Provider.Open(ctx, spec)
+	if err == nil {
+		b.opened = spec.Egress
+	}
+	return sb, err
 }
 
 // replaceExpired saves and destroys a sandbox that outlived MaxLifetime, so
@@ -347,7 +362,10 @@ func (h *Host) saveBox(ctx context.Context, b *box) error {
 	if h.replaced(b) {
 		return errMachineReplaced
 	}
-	if _, err := b.vol.Save(ctx, b.ws, b.fence); err != nil {
+	start := time.Now()
+	st, err := b.vol.Save(ctx, b.ws, b.fence)
+	h.metrics.saved(st, time.Since(start), err)
+	if err != nil {
 		return err
 	}
 	b.dirty = false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,9 +134,10 @@ type sessionActor struct {
 	sub       *nats.Subscription
 	draining  *nats.Subscription
 	committer *committer
-	meta      session.Meta // durable metadata
-	metaNext  session.Meta // metadata including changes not yet committed
-	metaDirty bool         // metaNext must be written with the next batch
+	meta      session.Meta  // durable metadata
+	metaNext  session.Meta  // metadata including changes not yet committed
+	metaDirty bool          // metaNext must be written with the next batch
+	metaAfter []func(error) // run once metaNext is written (or not)
 
 	nextSeq     session.Seq // seq of the next event
 	durable     session.Seq // seq of the last committed event
@@ -170,6 +172,9 @@ type sessionActor struct {
 
 	deleteMsg     *nats.Msg
 	deleteStarted bool
+
+	// metered: counted in the node's active sessions gauge.
+	metered bool
 }
 
 func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
@@ -436,6 +441,10 @@ func (s *sessionActor) subscribe(ctx context.Context, subject string, self *prot
 }
 
 func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
+	own, err := s.h.egress.check(p.req.Egress)
+	if err != nil {
+		return &handoff{err: err}
+	}
 	now := time.Now().UTC()
 	m := session.Meta{
 		ID:        s.id,
@@ -446,6 +455,7 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 		CreatedAt: session.Time{Time: now},
 		Members:   session.Members{p.user.User: session.RoleOwner},
 		Harness:   p.req.Harness,
+		Egress:    own,
 	}
 	hist, err := s.h.cfg.Histories.Create(ctx, m)
 	if err != nil {
@@ -669,6 +679,8 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	}
 	s.committer = s.startCommitter(s.hist)
 	s.phase = phaseActive
+	s.metered = true
+	s.h.metrics.activated()
 	s.putCatalog()
 	s.log.Debug("session active", "last_seq", s.durable)
 	if s.creator != nil {
@@ -788,6 +800,7 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 // closedMsg follows.
 func (s *sessionActor) close(ctx proto.Context) {
 	s.phase = phaseClosing
+	s.h.metrics.hibernated(&s.metered)
 	hist, c := s.hist, s.committer
 	s.committer = nil
 	s.stopCatalogTimer()
@@ -857,6 +870,7 @@ func (s *sessionActor) maybeShutdown() {
 // goroutines, which all end promptly once the runner is killed and the
 // committer's queue is closed.
 func (s *sessionActor) teardownNow(why string) {
+	s.h.metrics.deactivated(&s.metered)
 	s.stopIdle()
 	s.stopCatalogTimer()
 	if s.sub != nil {
@@ -935,5 +949,6 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
 		Sandbox: session.SandboxInfo{State: s.sandboxState}, Role: s.roleOf(p),
+		Egress: slices.Clone(s.meta.Egress),
 	}
 }

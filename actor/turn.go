@@ -565,6 +565,7 @@ func (s *sessionActor) maybeStartTurn() {
 		if err != nil {
 			s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)
 			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnFailed, ExitCode: -1}), nil)
+			s.h.metrics.turnFinished(session.TurnFailed, 0)
 			s.turns.Finish(t.N)
 			continue
 		}
@@ -572,6 +573,7 @@ func (s *sessionActor) maybeStartTurn() {
 			s.box = s.h.boxes.get(s.id)
 		}
 		s.h.boxes.disarm(s.box) // A running turn is activity.
+		s.box.egress = s.h.egress.effective(s.meta.Egress)
 		input := mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By})
 		r := &runner{
 			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
@@ -596,6 +598,7 @@ func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) 
 	if s.prev != nil {
 		env = append(env, EnvPreviousTurn+"="+string(mustMarshal(s.prev)))
 	}
+	env = append(env, secretEnv(s.meta.Secrets)...)
 	h := s.meta.Harness
 	if len(h.Command) > 0 {
 		return h.Command, env, nil
@@ -668,6 +671,7 @@ func (s *sessionActor) onTurnExited(m *turnExited) {
 	}
 	s.runner = nil
 	s.turns.Finish(m.r.turn)
+	s.h.metrics.turnFinished(m.status, m.duration)
 	if m.fence > s.fence {
 		s.fence = m.fence
 	}

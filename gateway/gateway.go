@@ -123,6 +123,9 @@ type Config struct {
 	Registry *prometheus.Registry
 	// UI serves the browser UI at /; nil means web.Handler().
 	UI http.Handler
+	// Channels turns on chat channels (Slack, Telegram) and signed
+	// webhooks (docs/channels.md); nil means none.
+	Channels *Channels
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -151,6 +154,7 @@ type Server struct {
 	hub           *hub
 	replies       *replyMux
 	batches       *sync.Pool // see batchConn
+	chans         *channels  // nil without Config.Channels
 
 	// ctx is cancelled by Close; connections end when it is.
 	ctx    context.Context
@@ -252,7 +256,7 @@ func New(cfg Config) (*Server, error) {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	m, err := newMetrics(reg)
+	m, err := newMetrics(s, reg)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: register metrics: %w", err)
 	}
@@ -282,8 +286,19 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("POST /v1/sessions/{id}/cancel", s.authed(s.cancelTurn))
 	mux.Handle("POST /v1/sessions/{id}/approvals/{aid}", s.authed(s.approve))
 	mux.Handle("PUT /v1/sessions/{id}/members/{user}", s.authed(s.putMember))
+	mux.Handle("GET /v1/sessions/{id}/secrets", s.authed(s.listSecrets))
+	mux.Handle("PUT /v1/sessions/{id}/secrets/{name}", s.authed(s.putSecret))
+	mux.Handle("DELETE /v1/sessions/{id}/secrets/{name}", s.authed(s.deleteSecret))
+	mux.Handle("PUT /v1/sessions/{id}/egress", s.authed(s.putEgress))
 	mux.Handle("GET /v1/sessions/{id}/events", s.authed(s.events))
 	mux.Handle("GET /v1/sessions/{id}/ws", s.authed(s.serveWS))
+	if cfg.Channels != nil {
+		c, err := s.mountChannels(mux, cfg.Channels)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: channels: %w", err)
+		}
+		s.chans = c
+	}
 	mux.Handle("/v1/", s.authed(s.noRoute))
 	mux.Handle("/", ui)
 	var h http.Handler = s.instrument(mux)
@@ -300,6 +315,9 @@ func New(cfg Config) (*Server, error) {
 	s.bg.Go(s.maintain)
 	s.bg.Go(s.watchCatalog)
 	s.bg.Go(s.recheckTokens)
+	if s.chans != nil {
+		s.chans.svc.Start()
+	}
 	return s, nil
 }
 
@@ -327,6 +345,9 @@ func (s *Server) shutdown() {
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
+	if s.chans != nil {
+		s.chans.close()
+	}
 	s.cancel(errors.New("gateway: closed"))
 	s.conns.Wait()
 	s.hub.close()

@@ -70,6 +70,9 @@ func (s *Server) refuseAuth(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	failed := e.Code == session.CodeTooManyRequests ||
 		e.Code == session.CodeUnauthenticated && (!errors.Is(err, auth.ErrNoCredentials) || r.Header.Get("Authorization") != "")
+	if failed || e.Code == session.CodeInternal || e.Code == session.CodeUnavailable {
+		s.metrics.authFailed(err)
+	}
 	if failed {
 		s.auditAuthFailed(r, err)
 	}
@@ -145,6 +148,9 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			code = http.StatusOK
 		}
 		s.metrics.request(route, code).Inc()
+		if code == http.StatusTooManyRequests {
+			s.metrics.limited.Inc()
+		}
 	})
 }
 
@@ -180,7 +186,8 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, _ session.Princ
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := session.AsError(err)
 	if e.Code == session.CodeInternal || e.Code == session.CodeUnavailable {
-		s.log.Warn("request failed", "route", r.Pattern, "code", string(e.Code), "err", err)
+		s.log.Warn("request failed", "route", r.Pattern, "code", string(e.Code), "err", err,
+			"request_id", r.Header.Get("X-Request-Id"), "session", r.PathValue("id"))
 	}
 	writeError(w, err)
 }

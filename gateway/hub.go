@@ -272,6 +272,7 @@ func (h *hub) dispatch(m *nats.Msg) {
 		h.s.log.Warn("skip undecodable event", "session", string(t.id), "err", err)
 		return
 	}
+	ev.recv = time.Now()
 	t.broadcast(h.s, out{ev: ev})
 }
 

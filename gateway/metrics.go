@@ -1,20 +1,29 @@
 package gateway
 
 import (
+	"cmp"
+	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/atriumhq/atrium/session"
 )
 
 // metrics are the gateway's Prometheus metrics.
 type metrics struct {
-	conns        *prometheus.GaugeVec   // open watchers by transport (ws, sse)
-	sessions     prometheus.Gauge       // sessions with local watchers (NATS subscriptions)
-	fanout       prometheus.Counter     // event frames queued to watchers
-	slow         prometheus.Counter     // connections closed as slow consumers
-	gapRefetches prometheus.Counter     // history fetches that filled a gap in live events
-	requests     *prometheus.CounterVec // HTTP requests by route and status code
+	conns        *prometheus.GaugeVec     // open watchers by transport (ws, sse)
+	sessions     prometheus.Gauge         // sessions with local watchers (NATS subscriptions)
+	fanout       prometheus.Counter       // event frames queued to watchers
+	slow         prometheus.Counter       // connections closed as slow consumers
+	gapRefetches prometheus.Counter       // history fetches that filled a gap in live events
+	requests     *prometheus.CounterVec   // HTTP requests by route and status code
+	natsLatency  *prometheus.HistogramVec // gateway → node request round trips by kind and result
+	authFailures *prometheus.CounterVec   // failed authentications by reason class
+	limited      prometheus.Counter       // HTTP responses 429 Too Many Requests
+	fanoutLag    prometheus.Histogram     // live event: arrival from NATS → written to a WebSocket
 
 	// requestCounters caches requests' counters, which are looked up for
 	// every request: routeCode → prometheus.Counter.
@@ -37,7 +46,7 @@ func (m *metrics) request(route string, code int) prometheus.Counter {
 	return c
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "atrium_gateway_watchers",
@@ -63,11 +72,123 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "atrium_gateway_http_requests_total",
 			Help: "HTTP requests by route pattern and status code (WebSockets and SSE count when they end).",
 		}, []string{"route", "code"}),
+		natsLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "atrium_gateway_nats_request_duration_seconds",
+			Help:    "Round trips of gateway → node requests over NATS, by kind (place, cmd) and result (ok, error).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 11),
+		}, []string{"kind", "result"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "atrium_gateway_auth_failures_total",
+			Help: "Failed authentications by reason class: invalid (bad or expired credentials), throttled (429), error (identity provider or token store failing).",
+		}, []string{"reason"}),
+		limited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "atrium_gateway_rate_limited_total",
+			Help: "HTTP responses 429 Too Many Requests.",
+		}),
+		fanoutLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "atrium_gateway_fanout_lag_seconds",
+			Help:    "Time from a live event's arrival at the gateway from NATS to its write on a WebSocket.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 11),
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.conns, m.sessions, m.fanout, m.slow, m.gapRefetches, m.requests} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
+	for _, tr := range []string{"ws", "sse"} {
+		m.conns.WithLabelValues(tr)
+	}
+	for _, k := range []string{"place", "cmd"} {
+		for _, r := range []string{"ok", "error"} {
+			m.natsLatency.WithLabelValues(k, r)
 		}
 	}
+	for _, r := range []string{authInvalid, authThrottled, authError} {
+		m.authFailures.WithLabelValues(r)
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.conns, m.sessions, m.fanout, m.slow, m.gapRefetches, m.requests,
+		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, catalogCollector{c: &s.cache}} {
+		errs = append(errs, reg.Register(c))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// Reason classes of atrium_gateway_auth_failures_total.
+const (
+	authInvalid   = "invalid"
+	authThrottled = "throttled"
+	authError     = "error"
+)
+
+// authFailed counts a failed authentication.
+func (m *metrics) authFailed(err error) {
+	switch session.AsError(err).Code {
+	case session.CodeTooManyRequests:
+		m.authFailures.WithLabelValues(authThrottled).Inc()
+	case session.CodeUnauthenticated:
+		m.authFailures.WithLabelValues(authInvalid).Inc()
+	default:
+		m.authFailures.WithLabelValues(authError).Inc()
+	}
+}
+
+// natsRequest records the round trip of a request to subj that started at
+// start.
+func (s *Server) natsRequest(subj string, start time.Time, err error) {
+	kind, result := "cmd", "ok"
+	if subj == s.subj.Place() {
+		kind = "place"
+	}
+	if err != nil {
+		result = "error"
+	}
+	s.metrics.natsLatency.WithLabelValues(kind, result).Observe(time.Since(start).Seconds())
+}
+
+// catalogCollector reports the gateway's copy of the session catalog:
+// sessions by state and sandboxes by state, cluster-wide (every gateway
+// reports the same numbers; aggregate with max, not sum).
+type catalogCollector struct{ c *catalogCache }
+
+var (
+	catalogSessionsDesc = prometheus.NewDesc("atrium_sessions",
+		"Sessions in the catalog by state (active, hibernated), as this gateway's copy sees it.", []string{"state"}, nil)
+	catalogSandboxesDesc = prometheus.NewDesc("atrium_sandboxes",
+		"Sessions' sandboxes in the catalog by state (none, ready, sleeping, failed, …), as this gateway's copy sees it.", []string{"state"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (cc catalogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- catalogSessionsDesc
+	ch <- catalogSandboxesDesc
+}
+
+// Collect implements prometheus.Collector. Nothing is reported until the
+// copy holds the whole catalog.
+func (cc catalogCollector) Collect(ch chan<- prometheus.Metric) {
+	sessions := map[session.State]int{session.StateActive: 0, session.StateHibernated: 0}
+	boxes := map[session.SandboxState]int{}
+	for _, st := range []session.SandboxState{session.SandboxNone, session.SandboxProvisioning, session.SandboxRestoring,
+		session.SandboxReady, session.SandboxSaving, session.SandboxSleeping, session.SandboxStopped, session.SandboxFailed} {
+		boxes[st] = 0 // Present at zero, so dashboards and alerts see every state.
+	}
+	cc.c.mu.RLock()
+	ready := cc.c.ready
+	for _, it := range cc.c.entries {
+		if it.entry == nil {
+			continue
+		}
+		sessions[it.entry.State]++
+		boxes[cmp.Or(it.entry.Sandbox, session.SandboxNone)]++
+	}
+	cc.c.mu.RUnlock()
+	if !ready {
+		return
+	}
+	for st, n := range sessions {
+		ch <- prometheus.MustNewConstMetric(catalogSessionsDesc, prometheus.GaugeValue, float64(n), string(st))
+	}
+	for st, n := range boxes {
+		ch <- prometheus.MustNewConstMetric(catalogSandboxesDesc, prometheus.GaugeValue, float64(n), string(st))
+	}
 }

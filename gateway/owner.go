@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/nats-io/nats.go"
@@ -32,7 +33,9 @@ func (s *Server) request(ctx context.Context, subj string, p session.Principal, 
 	msg := &nats.Msg{Subject: subj, Data: data, Header: principalHeader(p)}
 	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
 	defer cancel()
+	start := time.Now()
 	resp, err := s.nc.RequestMsgWithContext(ctx, msg)
+	s.natsRequest(subj, start, err)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/coder/websocket"
@@ -19,6 +20,7 @@ type event struct {
 	raw    json.RawMessage            // the event as the node encoded it
 	frame  []byte                     // {"type":"event","event":raw}, when built
 	member *session.MemberChangedData // the data of a member_changed event
+	recv   time.Time                  // when a live event arrived from NATS (fan-out lag)
 }
 
 // parseEvent reads an encoded event's seq and kind (and member change).

@@ -17,11 +17,14 @@ const (
 	MaxEventsLimit     = 1000
 )
 
-// createSession serves POST /v1/sessions {"title"?,"harness"?} → 201 Session.
+// createSession serves POST /v1/sessions {"title"?,"harness"?,"egress"?} →
+// 201 Session. egress (an extension) is the session's own egress allowlist,
+// which the node checks against its sandbox.egress_permit.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	var body struct {
 		Title   string          `json:"title"`
 		Harness session.Harness `json:"harness"`
+		Egress  []string        `json:"egress"`
 	}
 	if err := decodeBody(w, r, &body, true); err != nil {
 		s.fail(w, r, err)
@@ -35,6 +38,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		s.fail(w, r, err)
 		return
 	}
+	if err := checkEgressShape(body.Egress); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	if !p.Limit(session.RoleOwner).AtLeast(session.RoleDriver) {
 		err := session.Errorf(session.CodeForbidden, "this credential is limited to the %s role: it cannot create sessions", p.Cap)
 		s.auditDenied(r.Context(), remoteOf(r), p, "", "create", nil, err)
@@ -43,7 +50,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 	}
 	id := session.NewID()
 	reply, err := s.place(r.Context(), p, session.PlaceRequest{
-		Op: session.PlaceCreate, Session: id, Title: body.Title, Harness: body.Harness,
+		Op: session.PlaceCreate, Session: id, Title: body.Title, Harness: body.Harness, Egress: body.Egress,
 	})
 	if err != nil {
 		s.fail(w, r, err)
@@ -68,6 +75,9 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		e.Detail = "harness template " + body.Harness.Template
 	} else if len(body.Harness.Command) > 0 {
 		e.Detail = "harness command"
+	}
+	if len(sess.Egress) > 0 {
+		e.Detail += "; egress " + truncateDetail(sess.Egress)
 	}
 	s.record(r.Context(), e)
 	w.Header().Set("Location", "/v1/sessions/"+string(sess.ID))

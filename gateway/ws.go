@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 	"github.com/coder/websocket"
@@ -177,6 +178,7 @@ func (c *wsConn) run() (ending, error) {
 // every watcher; a history event's is built in a scratch buffer.
 func (c *wsConn) event(ev *event) error {
 	if ev.frame != nil {
+		c.s.metrics.fanoutLag.Observe(time.Since(ev.recv).Seconds())
 		return c.send(ev.frame)
 	}
 	c.scratch = session.AppendEventFrame(c.scratch[:0], ev.raw)

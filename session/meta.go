@@ -12,6 +12,13 @@ type Meta struct {
 	CreatedAt Time    `json:"created_at"`
 	Members   Members `json:"members"`
 	Harness   Harness `json:"harness"`
+	// Secrets are the session's secrets by name, injected into the harness
+	// environment of every turn. They stay in the node's history file:
+	// never in events, the catalog or a reply to a read.
+	Secrets map[string]Secret `json:"secrets,omitempty"`
+	// Egress is the session's own egress allowlist, normalized; the node
+	// adds it to its default allowlist when it opens the session's sandbox.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

@@ -73,6 +73,15 @@ const (
 	OpInfo    Op = "info"    // → Session (Role of the caller)
 	OpMember  Op = "member"  // User, Role → ok (RoleNone removes)
 	OpDelete  Op = "delete"  // → ok
+	// OpSecretSet sets secret Name to Value (owner) → ok.
+	OpSecretSet Op = "secret_set"
+	// OpSecretDelete removes secret Name (owner) → ok; not_found if unset.
+	OpSecretDelete Op = "secret_delete"
+	// OpSecrets lists the secrets' names (owner) → Secrets, never values.
+	OpSecrets Op = "secrets"
+	// OpEgress replaces the session's own egress allowlist with Egress
+	// (owner) → Session. It takes effect when the sandbox is next opened.
+	OpEgress Op = "egress"
 )
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in
@@ -90,6 +99,11 @@ type Command struct {
 	// MaxBytes bounds the encoded size of a history reply's events; the
 	// owner stops early (More=true) rather than exceed it.
 	MaxBytes int `json:"max_bytes,omitempty"`
+	// Name and Value are a secret's (OpSecretSet, OpSecretDelete).
+	Name  string `json:"name,omitempty"`
+	Value string `json:"value,omitempty"`
+	// Egress is the allowlist of OpEgress.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // DefaultHistoryMaxBytes keeps a history reply well under NATS's default
@@ -106,6 +120,8 @@ type Reply struct {
 	LastSeq Seq               `json:"last_seq,omitempty"`
 	Epoch   string            `json:"epoch,omitempty"`
 	More    bool              `json:"more,omitempty"`
+	// Secrets answers OpSecrets: names and times, never values.
+	Secrets []SecretInfo `json:"secrets,omitempty"`
 }
 
 // Err returns the reply's error or nil.
@@ -135,6 +151,9 @@ type PlaceRequest struct {
 	Session ID      `json:"session"`
 	Title   string  `json:"title,omitempty"`
 	Harness Harness `json:"harness,omitzero"`
+	// Egress is the new session's own egress allowlist; the node checks
+	// it against its sandbox.egress_permit.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // PresenceMessage is what a gateway publishes on the Presence subject: the

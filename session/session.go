@@ -28,6 +28,9 @@ type Session struct {
 	State     State       `json:"state"`
 	Sandbox   SandboxInfo `json:"sandbox"`
 	Role      Role        `json:"role"`
+	// Egress is the session's own egress allowlist (an extension): hosts
+	// its sandbox may reach besides the node's default allowlist.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // Harness says what runs once per turn in the sandbox: a named template from

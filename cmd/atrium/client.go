@@ -36,6 +36,8 @@ func clientCommands(env *cliEnv) []*cobra.Command {
 		newAttachCmd(env),
 		newCancelCmd(env),
 		newShareCmd(env),
+		newSecretCmd(env),
+		newEgressCmd(env),
 		newApproveCmd(env),
 		newRmCmd(env),
 		newLoginCmd(env),

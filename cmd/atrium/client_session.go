@@ -20,6 +20,7 @@ func newNewCmd(env *cliEnv) *cobra.Command {
 		title   string
 		harness string
 		command string
+		egress  []string
 		asJSON  bool
 	)
 	cmd := &cobra.Command{
@@ -34,10 +35,11 @@ or a shell-style string). The harness contract is in DESIGN.md §6.`,
 		Example: `  atrium new --title "fix the flaky test"
   ID=$(atrium new --title demo) && atrium send "$ID" 'ls -la' --wait
   atrium new --command '["python3","-u","agent.py"]'
+  atrium new --egress github.com --egress '*.npmjs.org'
   atrium new --command 'claude -p --output-format stream-json' --json`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req := client.CreateRequest{Title: title}
+			req := client.CreateRequest{Title: title, Egress: egress}
 			switch {
 			case harness != "" && command != "":
 				return usageError(cmd, "give --harness or --command, not both")
@@ -71,6 +73,7 @@ or a shell-style string). The harness contract is in DESIGN.md §6.`,
 	conn.register(cmd)
 	f := cmd.Flags()
 	f.StringVar(&title, "title", "", "the session's title")
+	f.StringArrayVar(&egress, "egress", nil, "a host the sandbox may reach (repeat; the server's sandbox.egress_permit must cover it)")
 	f.StringVar(&harness, "harness", "", "harness template name (default: the server's default, 'shell')")
 	f.StringVar(&command, "command", "", `harness command: a JSON array ('["prog","arg"]') or a shell-style string ('prog arg')`)
 	f.BoolVar(&asJSON, "json", false, "print the created session as JSON")

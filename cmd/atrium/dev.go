@@ -68,7 +68,7 @@ acknowledged event is on disk, files are closed.`,
 			if err := f.Validate(true); err != nil {
 				return fmt.Errorf("configuration is not valid:\n%w", err)
 			}
-			cfg, err := serverConfig(f, env.stderr)
+			cfg, err := serverConfig(f, env.stderr, env.getenv)
 			if err != nil {
 				return err
 			}

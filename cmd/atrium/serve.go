@@ -43,7 +43,7 @@ SIGTERM or Ctrl-C stops it cleanly.`,
 			if err := f.Validate(false); err != nil {
 				return fmt.Errorf("configuration is not valid:\n%w", err)
 			}
-			cfg, err := serverConfig(f, env.stderr)
+			cfg, err := serverConfig(f, env.stderr, env.getenv)
 			if err != nil {
 				return err
 			}
@@ -55,7 +55,7 @@ SIGTERM or Ctrl-C stops it cleanly.`,
 }
 
 // serverConfig turns a validated configuration into the server's.
-func serverConfig(f *config.File, logTo io.Writer) (server.Config, error) {
+func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (server.Config, error) {
 	cfg := server.Config{
 		Listen:          f.Listen,
 		DataDir:         f.DataDir,
@@ -73,6 +73,7 @@ func serverConfig(f *config.File, logTo io.Writer) (server.Config, error) {
 			Pids:         f.Sandbox.Pids,
 			CPUs:         f.Sandbox.CPUs,
 			Egress:       f.Sandbox.Egress,
+			EgressPermit: f.Sandbox.EgressPermit,
 			SleepAfter:   f.Sandbox.SleepAfter,
 			MaxLifetime:  f.Sandbox.MaxLifetime,
 			SaveInterval: f.Sandbox.SaveInterval,
@@ -107,6 +108,11 @@ func serverConfig(f *config.File, logTo io.Writer) (server.Config, error) {
 			CLIClientID: o.CLIClientID, CLIClientSecret: o.CLIClientSecret,
 		}
 	}
+	ch, err := f.Channels.Gateway(f.PublicURL, getenv)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Channels = ch
 	return cfg, nil
 }
 

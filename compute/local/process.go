@@ -215,6 +215,12 @@ func (pr *Process) killLocked() error {
 			time.Sleep(delay)
 			continue
 		}
+		// Stop every process first, so that none can react to another's
+		// death (a shell whose children die first would return from
+		// `wait` and exit 0 before its own SIGKILL lands).
+		for _, pid := range pids {
+			_ = kill(pid, syscall.SIGSTOP)
+		}
 		if pr.leaf != nil {
 			err = pr.leaf.killAll()
 		} else {

@@ -83,15 +83,20 @@ type CreateRequest struct {
 	// (Harness.Template) or an argv (Harness.Command). The zero value means
 	// the server's default template. Only a template or a command may be set.
 	Harness session.Harness
+	// Egress is the session's own egress allowlist (host names,
+	// "*.example.com", optional ":port"); the server refuses entries its
+	// sandbox.egress_permit does not cover.
+	Egress []string
 }
 
-// MarshalJSON encodes the wire form: {"title"?,"harness"?}, the harness as a
-// template name or {"command":[…]}.
+// MarshalJSON encodes the wire form: {"title"?,"harness"?,"egress"?}, the
+// harness as a template name or {"command":[…]}.
 func (r CreateRequest) MarshalJSON() ([]byte, error) {
 	body := struct {
-		Title   string `json:"title,omitempty"`
-		Harness any    `json:"harness,omitempty"`
-	}{Title: r.Title}
+		Title   string   `json:"title,omitempty"`
+		Harness any      `json:"harness,omitempty"`
+		Egress  []string `json:"egress,omitempty"`
+	}{Title: r.Title, Egress: r.Egress}
 	switch {
 	case r.Harness.Template != "" && len(r.Harness.Command) > 0:
 		return nil, session.Errorf(session.CodeBadRequest, "harness: give a template or a command, not both")

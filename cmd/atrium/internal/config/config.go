@@ -138,6 +138,11 @@ type Sandbox struct {
 	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
 	// network at all.
 	Egress []string `yaml:"egress"`
+	// EgressPermit lists what session owners may add to their own
+	// sandbox's allowlist (POST /v1/sessions "egress", PUT …/egress): an
+	// entry must be covered by one of these ("*.example.com" covers
+	// "api.example.com"). Empty: sessions get only Egress.
+	EgressPermit []string `yaml:"egress_permit"`
 	// SleepAfter puts an idle sandbox to sleep (workspace saved first);
 	// MaxLifetime replaces a sandbox with a fresh one (workspace kept).
 	SleepAfter  time.Duration `yaml:"sleep_after"`
@@ -317,6 +322,9 @@ func (f *File) Validate(dev bool) error {
 	}
 	if _, err := egress.ParseAllowlist(f.Sandbox.Egress); err != nil {
 		bad("sandbox.egress", "%v", err)
+	}
+	if _, err := egress.ParseAllowlist(f.Sandbox.EgressPermit); err != nil {
+		bad("sandbox.egress_permit", "%v", err)
 	}
 	switch f.Sandbox.Provider {
 	case "local":

@@ -112,6 +112,7 @@ func TestValidate(t *testing.T) {
 		"s3 incomplete":        {yaml: "auth: {mode: tokens}\nstorage: {type: s3, s3: {endpoint: 'http://x:9000'}}\n", want: []string{"without a scheme", "storage.s3.bucket", "access_key"}},
 		"bad egress":           {yaml: "auth: {mode: tokens}\nsandbox: {cpus: -1, egress: ['*', 'github.com']}\n", want: []string{"sandbox.cpus", "sandbox.egress"}},
 		"egress and cpus":      {yaml: "auth: {mode: tokens}\nsandbox: {cpus: 1.5, egress: ['github.com', '*.example.com', 'proxy.internal:8080']}\n"},
+		"bad egress permit":    {yaml: "auth: {mode: tokens}\nsandbox: {egress_permit: ['http://x']}\n", want: []string{"sandbox.egress_permit"}},
 		"bad listen":           {yaml: "auth: {mode: tokens}\nlisten: nowhere\n", want: []string{"listen:"}},
 		"remote with s3 works": {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote, remote: {url: 'http://hook'}}\nstorage: {type: s3, s3: {endpoint: 's3:9000', bucket: b, access_key: k, secret_key: s}}\n"},
 	} {

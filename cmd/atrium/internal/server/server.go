@@ -18,10 +18,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute"
@@ -90,6 +93,9 @@ type Sandbox struct {
 	Pids        int
 	// CPUs limits each sandbox's CPU time in cores; zero means no limit.
 	CPUs float64
+	// EgressPermit lists the egress entries a session's owner may add to
+	// its own sandbox (actor.Config.EgressPermit); empty: none.
+	EgressPermit []string
 	// Egress is the allowlist of hostnames sandboxes may reach through the
 	// node's egress proxy; empty means no network.
 	Egress []string
@@ -132,6 +138,10 @@ type Config struct {
 	PublicURL string
 	// AllowedOrigins lists extra browser origins (see gateway.Config).
 	AllowedOrigins []string
+	// Channels configures chat channels and webhooks (Slack, Telegram,
+	// signed webhooks); nil means none. Its public URL defaults to
+	// PublicURL.
+	Channels *gateway.Channels
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -148,6 +158,11 @@ type Server struct {
 	gw    *gateway.Server
 	http  *http.Server
 	ln    net.Listener
+	// inproc connects nc to ns (ready.go); reg holds every metric and is
+	// served at /metrics; closing is set when Close begins (/readyz).
+	inproc  inProcess
+	reg     *prometheus.Registry
+	closing atomic.Bool
 
 	serveDone chan error
 	closeOnce sync.Once
@@ -208,22 +223,13 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 
-	s.ns, err = natsserver.NewServer(&natsserver.Options{
-		ServerName: "atrium-dev",
-		DontListen: true,
-		JetStream:  true,
-		StoreDir:   filepath.Join(dir, "nats"),
-		NoSigs:     true,
-		NoLog:      true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("configure embedded nats: %w", err)
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := s.startNATS(); err != nil {
+		return nil, err
 	}
-	s.ns.Start()
-	if !s.ns.ReadyForConnections(10 * time.Second) {
-		return nil, errors.New("embedded nats did not become ready within 10s")
-	}
-	s.nc, err = nats.Connect("", nats.InProcessServer(s.ns), nats.Name("atrium-dev"), nats.MaxReconnects(-1))
+	s.nc, err = nats.Connect("", nats.InProcessServer(&s.inproc), nats.Name("atrium-dev"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond))
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats: %w", err)
 	}
@@ -241,6 +247,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
 		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress},
+		EgressPermit:       cfg.Sandbox.EgressPermit,
 		Store:              s.store,
 		WorkspaceOf:        wiring.workspaceOf,
 		SandboxGeneration:  wiring.generation,
@@ -251,6 +258,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		HibernateAfter:     cfg.HibernateAfter,
 		TurnTimeout:        cfg.TurnTimeout,
 		CancelGrace:        cfg.CancelGrace,
+		Registerer:         s.reg,
 		Logger:             cfg.Logger.With("component", "node"),
 	})
 	if err != nil {
@@ -269,6 +277,9 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
 	s.cfg.PublicURL = cfg.PublicURL
+	if cfg.Channels != nil && cfg.Channels.Service.PublicURL == "" {
+		cfg.Channels.Service.PublicURL = cfg.PublicURL
+	}
 
 	auditLog, err := audit.New(audit.Config{NATS: s.nc})
 	if err != nil {
@@ -310,6 +321,8 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Audit:          auditLog,
 		ID:             "dev",
 		OriginPatterns: cfg.AllowedOrigins,
+		Registry:       s.reg,
+		Channels:       cfg.Channels,
 		Logger:         cfg.Logger.With("component", "gateway"),
 	})
 	if err != nil {
@@ -317,7 +330,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 
 	s.http = &http.Server{
-		Handler:           s.gw.Handler(),
+		Handler:           s.handler(s.gw.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
@@ -354,6 +367,7 @@ func (s *Server) NATS() *nats.Conn { return s.nc }
 // It is safe to call twice.
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		s.closing.Store(true)
 		var errs []error
 		if s.gw != nil {
 			errs = append(errs, s.gw.Close(ctx))

@@ -1,0 +1,284 @@
+package actor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/atriumhq/atrium/compute/local"
+	"github.com/atriumhq/atrium/session"
+)
+
+// logBuffer collects every log line of a host and its provider, at debug
+// level, so that tests can check what never reaches them.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// withCapturedLogs sends the host's and a fresh local provider's logs to
+// logs; dial, if set, is the provider's EgressDial.
+func withCapturedLogs(t testing.TB, logs *logBuffer, dial func(ctx context.Context, network, address string) (net.Conn, error)) envOption {
+	p, err := local.New(local.Config{Dir: t.TempDir(), Bwrap: "/usr/bin/bwrap", EgressDial: dial, Logger: logs.logger()})
+	if err != nil {
+		t.Fatalf("local compute (run .ci/deps if bubblewrap is missing): %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.Close(ctx); err != nil {
+			t.Errorf("close local compute: %v", err)
+		}
+	})
+	return func(c *Config) {
+		c.Provider = p
+		c.Logger = logs.logger()
+	}
+}
+
+func wantCode(t testing.TB, what string, rep session.Reply, code session.Code, sub string) {
+	t.Helper()
+	if rep.Error == nil || rep.Error.Code != code || !strings.Contains(rep.Error.Message, sub) {
+		t.Errorf("%s: reply %+v, want %s containing %q", what, rep.Error, code, sub)
+	}
+}
+
+// TestHost_Secrets: an owner's secrets reach the harness environment of
+// every turn, and their values never reach an event, the catalog, a reply
+// or a log.
+func TestHost_Secrets(t *testing.T) {
+	logs := &logBuffer{}
+	e := newEnv(t, withCapturedLogs(t, logs, nil))
+	const value = "s3cr3t-VALUE-7f1d2c"
+	sum := sha256.Sum256([]byte(value))
+	// The harness proves it sees the value without printing it.
+	id := e.create("alice", command("bash", "-c",
+		`read -r _; printf 'sum=%s\n' "$(printf %s "$GH_TOKEN" | sha256sum | cut -d' ' -f1)"; echo "other=${OTHER-unset}"`))
+	w := e.watch(id)
+	e.cmd(id, "alice", session.Command{Op: session.OpMember, User: "bob", Role: session.RoleDriver})
+	e.cmd(id, "alice", session.Command{Op: session.OpMember, User: "carol", Role: session.RoleViewer})
+
+	t.Run("owner only", func(t *testing.T) {
+		for _, u := range []string{"bob", "carol", "mallory"} {
+			for _, op := range []session.Op{session.OpSecretSet, session.OpSecretDelete, session.OpSecrets} {
+				rep := e.cmd(id, u, session.Command{Op: op, Name: "GH_TOKEN", Value: "x"})
+				if rep.Error == nil || (rep.Error.Code != session.CodeForbidden && rep.Error.Code != session.CodeNotFound) {
+					t.Errorf("%s by %s: %+v, want forbidden", op, u, rep.Error)
+				}
+			}
+		}
+	})
+	t.Run("bad names and sizes", func(t *testing.T) {
+		for _, name := range []string{"", "1ABC", "A-B", "ATRIUM_SESSION", "atrium_x", "PATH", "HOME", "HTTP_PROXY", "LD_PRELOAD", "A B"} {
+			rep := e.cmd(id, "alice", session.Command{Op: session.OpSecretSet, Name: name, Value: "x"})
+			wantCode(t, "name "+name, rep, session.CodeBadRequest, "")
+		}
+		rep := e.cmd(id, "alice", session.Command{Op: session.OpSecretSet, Name: "BIG", Value: strings.Repeat("x", session.MaxSecretBytes+1)})
+		wantCode(t, "too big", rep, session.CodePayloadTooLarge, "at most")
+		rep = e.cmd(id, "alice", session.Command{Op: session.OpSecretDelete, Name: "NOPE"})
+		wantCode(t, "delete unset", rep, session.CodeNotFound, "NOPE")
+	})
+
+	if rep := e.cmd(id, "alice", session.Command{Op: session.OpSecretSet, Name: "GH_TOKEN", Value: value}); rep.Error != nil {
+		t.Fatalf("set: %v", rep.Error)
+	}
+	if rep := e.cmd(id, "alice", session.Command{Op: session.OpSecretSet, Name: "OTHER", Value: "o"}); rep.Error != nil {
+		t.Fatalf("set: %v", rep.Error)
+	}
+	rep := e.cmd(id, "alice", session.Command{Op: session.OpSecrets})
+	if len(rep.Secrets) != 2 || rep.Secrets[0].Name != "GH_TOKEN" || rep.Secrets[0].UpdatedBy != "alice" || rep.Secrets[0].UpdatedAt.IsZero() {
+		t.Errorf("secrets = %+v (%+v)", rep.Secrets, rep)
+	}
+	e.prompt(id, "bob", "go")
+	w.until("turn_finished", finished(1))
+	if got, want := outputText(t, w.evs, 1, "stdout"), "sum="+hex.EncodeToString(sum[:])+"\nother=o\n"; got != want {
+		t.Errorf("turn 1 stdout = %q, want %q", got, want)
+	}
+	if rep := e.cmd(id, "alice", session.Command{Op: session.OpSecretDelete, Name: "OTHER"}); rep.Error != nil {
+		t.Fatalf("delete: %v", rep.Error)
+	}
+	e.prompt(id, "bob", "again")
+	w.until("turn_finished", finished(2))
+	if got := outputText(t, w.evs, 2, "stdout"); !strings.HasSuffix(got, "other=unset\n") {
+		t.Errorf("turn 2 stdout = %q, want OTHER unset", got)
+	}
+
+	// Nowhere but the harness environment.
+	var seen []string
+	for _, raw := range e.history(id, "alice") {
+		seen = append(seen, string(raw))
+	}
+	for _, raw := range w.raw {
+		seen = append(seen, string(raw))
+	}
+	cat, _ := e.kv.Get(context.Background(), string(id))
+	seen = append(seen, string(cat.Value()))
+	for _, op := range []session.Op{session.OpInfo, session.OpSecrets} {
+		resp, err := e.request(e.subj.Cmd(id), "alice", session.Command{Op: op}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = append(seen, string(resp.Data))
+	}
+	seen = append(seen, logs.String())
+	for i, s := range seen {
+		if strings.Contains(s, value) {
+			t.Errorf("the secret's value appears in output %d: %.300s", i, s)
+		}
+	}
+	if !strings.Contains(logs.String(), "level=") {
+		t.Errorf("no logs captured")
+	}
+
+	t.Run("survives hibernation", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.host.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.start()
+		e.prompt(id, "alice", "after restart")
+		w.until("turn_finished", finished(3))
+		if got := outputText(t, w.evs, 3, "stdout"); !strings.HasPrefix(got, "sum="+hex.EncodeToString(sum[:])+"\n") {
+			t.Errorf("turn 3 stdout = %q", got)
+		}
+	})
+}
+
+// httpGetScript fetches the http:// URL $1 through HTTP_PROXY with bash's
+// /dev/tcp and prints the status code and body.
+const httpGetScript = `u=${1#http://}; h=${u%%/*}; p=${HTTP_PROXY#http://}
+[ -n "$p" ] || { echo noproxy; exit 0; }
+exec 3<>/dev/tcp/${p%:*}/${p##*:} || exit 9
+printf 'GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$1" "$h" >&3
+IFS=' ' read -r _ code _ <&3
+while IFS= read -r line <&3 && [ "$line" != $'\r' ]; do :; done
+echo "$code"; cat <&3; echo`
+
+// TestHost_Egress: a session's own egress entries must be covered by the
+// node's permit list, and reach its sandbox.
+func TestHost_Egress(t *testing.T) {
+	dest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello from "+r.Host)
+	}))
+	t.Cleanup(dest.Close)
+	dial := func(ctx context.Context, network, address string) (net.Conn, error) {
+		host, _, _ := net.SplitHostPort(address)
+		if !strings.HasSuffix(host, ".test") {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("not a test host")}
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, dest.Listener.Addr().String())
+	}
+	logs := &logBuffer{}
+	e := newEnv(t, withCapturedLogs(t, logs, dial), func(c *Config) {
+		c.EgressPermit = []string{"*.allowed.test", "fixed.test:8080"}
+		c.SandboxSpec.Egress = []string{"default.test"}
+	})
+
+	t.Run("refused at create", func(t *testing.T) {
+		for _, entries := range [][]string{{"evil.test"}, {"allowed.test"}, {"a.allowed.test:8443"}, {"fixed.test"}, {"http://x.allowed.test"}, {"*"}} {
+			rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: session.NewID(), Egress: entries})
+			wantCode(t, strings.Join(entries, ","), rep, session.CodeBadRequest, "")
+		}
+		rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: session.NewID(), Egress: []string{"evil.test"}})
+		wantCode(t, "evil", rep, session.CodeBadRequest, "egress to evil.test is not permitted on this server (sandbox.egress_permit)")
+	})
+
+	id := session.NewID()
+	if rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: id,
+		Harness: command("bash", "-c", `read -r _; for u in $GET; do bash -c "$0" bash "$u"; done`, httpGetScript),
+		Egress:  []string{"API.allowed.test", "api.allowed.test", "*.deep.allowed.test", "fixed.test:8080"}}); rep.Error != nil {
+		t.Fatalf("create: %v", rep.Error)
+	}
+	info := e.cmd(id, "alice", session.Command{Op: session.OpInfo})
+	if got := strings.Join(info.Session.Egress, ","); got != "api.allowed.test,*.deep.allowed.test,fixed.test:8080" {
+		t.Errorf("session egress = %q", got)
+	}
+	e.cmd(id, "alice", session.Command{Op: session.OpMember, User: "bob", Role: session.RoleDriver})
+	e.cmd(id, "alice", session.Command{Op: session.OpSecretSet, Name: "GET", Value: "http://api.allowed.test/ http://default.test/ http://other.allowed.test/"})
+	w := e.watch(id)
+	e.prompt(id, "bob", "go")
+	w.until("turn_finished", finished(1))
+	out := outputText(t, w.evs, 1, "stdout")
+	for _, want := range []string{"200\nhello from api.allowed.test", "200\nhello from default.test", "403"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("turn 1 output %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "hello from other.allowed.test") {
+		t.Errorf("reached a host the session did not list: %q", out)
+	}
+
+	t.Run("owner changes it", func(t *testing.T) {
+		rep := e.cmd(id, "bob", session.Command{Op: session.OpEgress, Egress: []string{"other.allowed.test"}})
+		wantCode(t, "driver", rep, session.CodeForbidden, "")
+		rep = e.cmd(id, "alice", session.Command{Op: session.OpEgress, Egress: []string{"nope.test"}})
+		wantCode(t, "unpermitted", rep, session.CodeBadRequest, "egress to nope.test is not permitted")
+		rep = e.cmd(id, "alice", session.Command{Op: session.OpEgress, Egress: []string{"other.allowed.test"}})
+		if rep.Error != nil || rep.Session == nil || strings.Join(rep.Session.Egress, ",") != "other.allowed.test" {
+			t.Fatalf("set egress: %+v", rep)
+		}
+		e.prompt(id, "bob", "again")
+		w.until("turn_finished", finished(2))
+		out := outputText(t, w.evs, 2, "stdout")
+		if !strings.Contains(out, "200\nhello from other.allowed.test") || strings.Contains(out, "hello from api.allowed.test") {
+			t.Errorf("turn 2 output %q: want other.allowed.test reachable, api.allowed.test not", out)
+		}
+	})
+}
+
+func TestEgressPolicy(t *testing.T) {
+	p, err := newEgressPolicy([]string{"Default.test"}, []string{"*.a.test", "b.test", "10.0.0.1", "c.test:8080"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for entry, ok := range map[string]bool{
+		"x.a.test": true, "*.a.test": true, "*.x.a.test": true, "a.test": false, "x.a.test:443": true, "x.a.test:22": false,
+		"b.test": true, "*.b.test": false, "x.b.test": false, "10.0.0.1": true, "10.0.0.2": false,
+		"c.test:8080": true, "c.test": false, "c.test:80": false,
+	} {
+		_, err := p.check([]string{entry})
+		if (err == nil) != ok {
+			t.Errorf("check(%q) = %v, want permitted %v", entry, err, ok)
+		}
+	}
+	if got := strings.Join(p.effective([]string{"x.a.test", "default.test", "gone.test"}), ","); got != "default.test,x.a.test" {
+		t.Errorf("effective = %q", got)
+	}
+	if _, err := newEgressPolicy(nil, []string{"http://x"}, false); err == nil {
+		t.Error("a bad permit entry was accepted")
+	}
+	b, _ := json.Marshal(session.Meta{Secrets: map[string]session.Secret{"K": {Value: "v"}}})
+	if !bytes.Contains(b, []byte(`"value":"v"`)) {
+		t.Errorf("meta does not store values: %s", b)
+	}
+}

@@ -1,0 +1,8 @@
+package server
+
+// StopNATS shuts the embedded NATS server down, as an outage would.
+func StopNATS(s *Server) { s.stopNATS() }
+
+// StartNATS starts the embedded NATS server again on the same store; the
+// server's connection reconnects to it.
+func StartNATS(s *Server) error { return s.startNATS() }
