@@ -76,11 +76,13 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 		return
 	}
 	s.current = m.msg
+	s.traces.cmd = s.h.startCommand(m.msg, s.id, c.Op)
 	if s.h.beforeCmd != nil {
 		s.h.beforeCmd(s.id, c)
 	}
 	s.command(m.msg, who, c)
 	s.current = nil
+	s.traces.cmd.End()
 }
 
 func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.Command) {
@@ -166,7 +168,7 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
 		return
 	}
-	text := c.Text
+	text, span := c.Text, s.traces.cmd
 	rp := &recentPrompt{}
 	rp.seq = s.emit(session.KindMessage, user, data, func(err error) {
 		if err != nil {
@@ -180,6 +182,7 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 			return
 		}
 		rp.durable = true
+		s.traces.queued(rp.seq, span)
 		s.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
 		rep := session.Reply{Seq: rp.seq}
 		respond(msg, rep)

@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/mount"
@@ -140,6 +141,10 @@ type Config struct {
 	// Registerer receives the node's Prometheus metrics (actor/metrics.go);
 	// nil registers them nowhere.
 	Registerer prometheus.Registerer
+	// TracerProvider, if set, receives spans of commands, turns, sandbox
+	// operations and workspace saves and restores (actor/trace.go),
+	// children of the gateways' spans; nil: no tracing.
+	TracerProvider trace.TracerProvider
 	// Logger receives the host's and protoactor's logs; slog.Default() if nil.
 	Logger *slog.Logger
 }
@@ -166,6 +171,7 @@ type Host struct {
 	reads   chan readJob
 	place   *nats.Subscription
 	metrics *metrics
+	tracer  trace.Tracer // nil: tracing off
 	// stopResume ends resume, which activates the sessions that were
 	// active when the node last stopped.
 	stopResume context.CancelFunc
@@ -258,6 +264,7 @@ func New(cfg Config) (*Host, error) {
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}
+	h.tracer = tracerOf(cfg.TracerProvider)
 	m, err := newMetrics(h, cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("new host: register metrics: %w", err)

@@ -295,7 +295,9 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		if !b.restored || b.asleep {
 			note(session.SandboxRestoring, "", nil)
 			start := time.Now()
-			st, err := b.vol.Restore(ctx, b.ws, b.fence)
+			rctx, span := h.startSpan(ctx, "workspace.restore", b.id)
+			st, err := b.vol.Restore(rctx, b.ws, b.fence)
+			endWorkspace(span, st, st.BytesRead, err)
 			h.metrics.restored(st, time.Since(start), err)
 			if err != nil {
 				b.drop()
@@ -319,7 +321,9 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 }
 
 // openSandbox opens b's sandbox with fence.
-func (h *Host) openSandbox(ctx context.Context, b *box, fence int64) (compute.Sandbox, error) {
+func (h *Host) openSandbox(ctx context.Context, b *box, fence int64) (_ compute.Sandbox, err error) {
+	ctx, span := h.startSpan(ctx, "sandbox.open", b.id)
+	defer func() { endSpan(span, err) }()
 	spec := h.cfg.SandboxSpec
 	spec.Session, spec.Fence = b.id, fence
 	spec.Egress = slices.Clone(b.egress)
@@ -363,7 +367,9 @@ func (h *Host) saveBox(ctx context.Context, b *box) error {
 		return errMachineReplaced
 	}
 	start := time.Now()
-	st, err := b.vol.Save(ctx, b.ws, b.fence)
+	sctx, span := h.startSpan(ctx, "workspace.save", b.id)
+	st, err := b.vol.Save(sctx, b.ws, b.fence)
+	endWorkspace(span, st, st.BytesWritten, err)
 	h.metrics.saved(st, time.Since(start), err)
 	if err != nil {
 		return err

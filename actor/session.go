@@ -123,6 +123,7 @@ type sessionActor struct {
 	waiting  []*placeMsg // place requests answered once the Cmd subscription is live
 	early    []*cmdMsg   // commands that arrived before the history was open
 	current  *nats.Msg   // the command being handled, answered if it panics
+	traces   turnTraces  // links turns to the commands that queued them
 	shutting bool
 	openErr  error // why activation failed
 

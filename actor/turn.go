@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/session"
 )
@@ -89,7 +91,8 @@ type runner struct {
 	timeout   time.Duration
 	maxOutput int64
 
-	ctx     context.Context // cancelled by abandon
+	ctx     context.Context // cancelled by abandon; carries span
+	span    trace.Span      // the turn's span
 	cancel  context.CancelFunc
 	stops   chan stopRequest // cap 4
 	answers chan []byte      // cap answerQueue
@@ -146,6 +149,7 @@ func (r *runner) run() {
 	res := r.exec()
 	res.r = r
 	res.duration = time.Since(start)
+	endTurn(r.span, res)
 	r.send(res)
 }
 
@@ -174,6 +178,7 @@ func (r *runner) execHarness() *turnExited {
 		r.fence = f
 	}
 	var proc compute.Process
+	var execSpan trace.Span
 	for attempt := 0; ; attempt++ {
 		if err := r.h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
 			return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
@@ -185,8 +190,11 @@ func (r *runner) execHarness() *turnExited {
 		}
 		b.dirty = true
 		var err error
-		proc, err = b.sb.Exec(r.ctx, compute.ExecRequest{Argv: r.argv, Env: r.env})
+		var ectx context.Context
+		ectx, execSpan = r.h.startSpan(r.ctx, "sandbox.exec", r.id)
+		proc, err = b.sb.Exec(ectx, compute.ExecRequest{Argv: r.argv, Env: r.env})
 		if err != nil {
+			endSpan(execSpan, err)
 			if sandboxGone(err) {
 				return r.lost("the sandbox is gone: " + err.Error() + "; the next turn gets a fresh sandbox with the last saved workspace")
 			}
@@ -202,6 +210,7 @@ func (r *runner) execHarness() *turnExited {
 		// started on a workspace that was never restored. Kill it at
 		// once, restore, and start the harness again.
 		kill(proc)
+		endSpan(execSpan, errMachineReplaced)
 		if attempt > 0 {
 			return r.lost(errMachineReplaced.Error() + "; the next turn gets the last saved workspace")
 		}
@@ -284,6 +293,7 @@ func (r *runner) execHarness() *turnExited {
 	close(stdinDone)
 	proc.Stdin().Close()
 	r.wg.Wait()
+	endExec(execSpan, res.exit, res.err)
 	out := r.result(res.exit, res.err)
 	switch {
 	case res.exit.Lost:
@@ -585,7 +595,9 @@ func (s *sessionActor) maybeStartTurn() {
 		for range outputCredits {
 			r.credits <- struct{}{}
 		}
-		r.ctx, r.cancel = context.WithCancel(s.h.ctx)
+		tctx, span := s.h.startTurn(s.h.ctx, &s.traces, s.id, t.N, t.Prompt.Seq)
+		r.ctx, r.cancel = context.WithCancel(tctx)
+		r.span = span
 		r.send = s.send
 		s.runner = r
 		s.spawn(r.run)

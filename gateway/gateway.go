@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults of Config.
@@ -126,6 +127,9 @@ type Config struct {
 	// Channels turns on chat channels (Slack, Telegram) and signed
 	// webhooks (docs/channels.md); nil means none.
 	Channels *Channels
+	// TracerProvider, if set, receives spans of requests and of the
+	// requests they send to nodes (gateway/trace.go); nil: no tracing.
+	TracerProvider trace.TracerProvider
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -150,6 +154,7 @@ type Server struct {
 	tokenRecheck  time.Duration
 	log           *slog.Logger
 	metrics       *metrics
+	tracer        trace.Tracer // nil: tracing off
 	handler       http.Handler
 	hub           *hub
 	replies       *replyMux
@@ -206,6 +211,7 @@ func New(cfg Config) (*Server, error) {
 		presenceTTL:   cfg.PresenceTTL,
 		tokenRecheck:  cfg.TokenRecheck,
 		log:           cfg.Logger,
+		tracer:        tracerOf(cfg.TracerProvider),
 		closed:        make(chan struct{}),
 	}
 	if s.id == "" {
@@ -301,7 +307,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	mux.Handle("/v1/", s.authed(s.noRoute))
 	mux.Handle("/", ui)
-	var h http.Handler = s.instrument(mux)
+	var h http.Handler = s.traced(s.instrument(mux))
 	if r, ok := cfg.Auth.(auth.Refresher); ok {
 		h = r.Refresh(h) // outside instrument, which reads the pattern the mux sets on its request.
 	}

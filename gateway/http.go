@@ -50,6 +50,7 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, session.Princ
 				return
 			}
 		}
+		traceUser(r, p)
 		h(w, r, p)
 	})
 }

@@ -33,9 +33,11 @@ func (s *Server) request(ctx context.Context, subj string, p session.Principal, 
 	msg := &nats.Msg{Subject: subj, Data: data, Header: principalHeader(p)}
 	ctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
 	defer cancel()
+	ctx, traceEnd := s.traceRequest(ctx, msg, body)
 	start := time.Now()
 	resp, err := s.nc.RequestMsgWithContext(ctx, msg)
 	s.natsRequest(subj, start, err)
+	traceEnd(err)
 	if err != nil {
 		return nil, err
 	}

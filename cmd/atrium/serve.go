@@ -79,6 +79,10 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			SaveInterval: f.Sandbox.SaveInterval,
 		},
 		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir},
+		Tracing: server.Tracing{
+			Endpoint: f.Tracing.OTLPEndpoint, Protocol: f.Tracing.Protocol,
+			SampleRatio: f.Tracing.SampleRatio, Insecure: f.Tracing.Insecure,
+		},
 	}
 	if f.Storage.Type == server.StorageS3 {
 		s3 := f.Storage.S3

@@ -131,6 +131,9 @@ type Provider struct {
 	closed   bool                    // guarded by mu
 	probed   bool                    // guarded by mu: bubblewrap ran a sandbox once
 	fwdOK    bool                    // guarded by mu: the forwarder answered its probe
+	// zygote says whether the forwarder executable acts as a sandbox
+	// zygote: 0 not probed yet, 1 yes, -1 no.
+	zygote int // guarded by mu
 }
 
 var _ compute.Provider = (*Provider)(nil)
@@ -361,6 +364,39 @@ func (p *Provider) probeForwarder(ctx context.Context) error {
 	p.fwdOK = true
 	p.mu.Unlock()
 	return nil
+}
+
+// zygoteUsable reports whether sandboxes can run their commands through a
+// zygote: the executable bound in as the egress forwarder must also act as
+// a zygote (every binary linking this package does). It probes once.
+func (p *Provider) zygoteUsable() bool {
+	p.mu.Lock()
+	z := p.zygote
+	p.mu.Unlock()
+	if z != 0 {
+		return z > 0
+	}
+	ok := p.forwarderErr == nil
+	if ok {
+		ctx, cancel := context.WithTimeout(context.Background(), forwarderProbeTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, p.forwarder, "-probe")
+		cmd.Args[0] = ZygoteName
+		cmd.Env = []string{}
+		cmd.Dir = "/"
+		out, _ := cmd.Output()
+		ok = string(out) == zygoteProbeOutput
+	}
+	if !ok {
+		p.log.Info("sandboxes start a bubblewrap per command: the executable does not act as a sandbox zygote", "executable", p.forwarder)
+	}
+	p.mu.Lock()
+	p.zygote = -1
+	if ok {
+		p.zygote = 1
+	}
+	p.mu.Unlock()
+	return ok
 }
 
 // forwarderProbeTimeout bounds the forwarder's probe.

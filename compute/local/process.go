@@ -18,11 +18,12 @@ import (
 // Process is a command running in a sandbox. It implements compute.Process.
 type Process struct {
 	m         *machine
-	pid       int  // the process started: bubblewrap's monitor, or the command in unsafe mode
-	sandboxed bool // runs under bubblewrap
-	cmd       *exec.Cmd
-	leaf      *cgroup // the command's own cgroup; nil without cgroups
-	memory    int64   // the sandbox's memory limit, for Exit.Detail
+	pid       int         // the process started: bubblewrap's monitor, or the command in unsafe mode
+	sandboxed bool        // runs under bubblewrap
+	cmd       *exec.Cmd   // the started process; nil for a command of a zygote
+	z         *zygoteExec // the command, when a zygote started it
+	leaf      *cgroup     // the command's own cgroup; nil without cgroups
+	memory    int64       // the sandbox's memory limit, for Exit.Detail
 
 	stdin          *stdinPipe
 	stdout, stderr *os.File
@@ -43,27 +44,82 @@ type Process struct {
 
 var _ compute.Process = (*Process)(nil)
 
+// pipes are a command's standard streams: the child's ends and ours.
+type pipes struct {
+	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW *os.File
+}
+
+func newPipes() (*pipes, error) {
+	var ps pipes
+	var err error
+	if ps.stdinR, ps.stdinW, err = os.Pipe(); err != nil {
+		return nil, fmt.Errorf("create stdin pipe: %w", err)
+	}
+	if ps.stdoutR, ps.stdoutW, err = os.Pipe(); err != nil {
+		closeAll(ps.stdinR, ps.stdinW)
+		return nil, fmt.Errorf("create stdout pipe: %w", err)
+	}
+	if ps.stderrR, ps.stderrW, err = os.Pipe(); err != nil {
+		closeAll(ps.stdinR, ps.stdinW, ps.stdoutR, ps.stdoutW)
+		return nil, fmt.Errorf("create stderr pipe: %w", err)
+	}
+	return &ps, nil
+}
+
+// closeChild closes the child's ends: the child has its copies, and
+// keeping ours would hide EOF and EPIPE.
+func (ps *pipes) closeChild() { closeAll(ps.stdinR, ps.stdoutW, ps.stderrW) }
+
+// closeOurs closes our ends of a command that did not start.
+func (ps *pipes) closeOurs() { closeAll(ps.stdinW, ps.stdoutR, ps.stderrR) }
+
+// track registers pr as running and starts its goroutine.
+func (m *machine) track(pr *Process) *Process {
+	m.mu.Lock()
+	m.procs[pr] = true
+	m.mu.Unlock()
+	go pr.wait()
+	return pr
+}
+
+// startInZygote has z run req and owns the result. The caller has counted
+// the new goroutine in m.p.wg.
+func startInZygote(m *machine, z *zygote, leaf *cgroup, req zygoteRequest) (*Process, error) {
+	ps, err := newPipes()
+	if err != nil {
+		return nil, err
+	}
+	e, err := z.exec(req, [3]*os.File{ps.stdinR, ps.stdoutW, ps.stderrW}, leaf)
+	ps.closeChild()
+	if err != nil {
+		ps.closeOurs()
+		return nil, err
+	}
+	return m.track(&Process{
+		m:         m,
+		pid:       e.pid,
+		sandboxed: true,
+		z:         e,
+		leaf:      leaf,
+		memory:    m.limits.memory,
+		stdin:     &stdinPipe{f: ps.stdinW},
+		stdout:    ps.stdoutR,
+		stderr:    ps.stderrR,
+		done:      make(chan struct{}),
+	}), nil
+}
+
 // start runs /bin/sh with args (see wrapper) and owns the result. The
 // caller has counted the new goroutine in m.p.wg.
 func start(m *machine, leaf *cgroup, args, env []string, dir string) (*Process, error) {
-	stdinR, stdinW, err := os.Pipe()
+	ps, err := newPipes()
 	if err != nil {
-		return nil, fmt.Errorf("create stdin pipe: %w", err)
-	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW)
-		return nil, fmt.Errorf("create stdout pipe: %w", err)
-	}
-	stderrR, stderrW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW, stdoutR, stdoutW)
-		return nil, fmt.Errorf("create stderr pipe: %w", err)
+		return nil, err
 	}
 	newCmd := func(attr *syscall.SysProcAttr) *exec.Cmd {
 		return &exec.Cmd{
 			Path: "/bin/sh", Args: args, Env: env, Dir: dir,
-			Stdin: stdinR, Stdout: stdoutW, Stderr: stderrW,
+			Stdin: ps.stdinR, Stdout: ps.stdoutW, Stderr: ps.stderrW,
 			SysProcAttr: attr,
 		}
 	}
@@ -88,29 +144,23 @@ func start(m *machine, leaf *cgroup, args, env []string, dir string) (*Process, 
 		cmd = newCmd(attr)
 		err = cmd.Start()
 	}
-	// The child has its copies; keeping ours would hide EOF and EPIPE.
-	closeAll(stdinR, stdoutW, stderrW)
+	ps.closeChild()
 	if err != nil {
-		closeAll(stdinW, stdoutR, stderrR)
+		ps.closeOurs()
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	pr := &Process{
+	return m.track(&Process{
 		m:         m,
 		pid:       cmd.Process.Pid,
 		sandboxed: sandboxed,
 		cmd:       cmd,
 		leaf:      leaf,
 		memory:    m.limits.memory,
-		stdin:     &stdinPipe{f: stdinW},
-		stdout:    stdoutR,
-		stderr:    stderrR,
+		stdin:     &stdinPipe{f: ps.stdinW},
+		stdout:    ps.stdoutR,
+		stderr:    ps.stderrR,
 		done:      make(chan struct{}),
-	}
-	m.mu.Lock()
-	m.procs[pr] = true
-	m.mu.Unlock()
-	go pr.wait()
-	return pr, nil
+	}), nil
 }
 
 func closeAll(fs ...*os.File) {
@@ -150,7 +200,7 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 	}
 	sent := 0
 	for _, pid := range pids {
-		if pr.sandboxed && (pid == pr.pid || namespaceInit(pid)) {
+		if pr.sandboxed && pr.z == nil && (pid == pr.pid || namespaceInit(pid)) {
 			continue
 		}
 		if err := kill(pid, sig); err != nil {
@@ -165,11 +215,24 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 		// starts. (Under bubblewrap, as init of its own pid namespace it
 		// ignores signals it has no handler for; the caller's SIGKILL
 		// then ends it.)
-		if err := kill(pr.pid, sig); err != nil {
+		if err := pr.killStarted(sig); err != nil {
 			return fmt.Errorf("signal command: %w", err)
 		}
 	}
 	return nil
+}
+
+// killStarted sends sig to the started process, through its pidfd for a
+// command of a zygote (whose pid atrium cannot reap, so it may be reused).
+func (pr *Process) killStarted(sig syscall.Signal) error {
+	if pr.z != nil {
+		err := unix.PidfdSendSignal(pr.z.pidfd, sig, nil, 0)
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return err
+	}
+	return kill(pr.pid, sig)
 }
 
 // membersLocked lists the live processes of the command.
@@ -185,7 +248,9 @@ func (pr *Process) membersLocked() ([]int, error) {
 	// reaped (under bubblewrap it holds the whole pid namespace), and in
 	// unsafe mode the process group.
 	pgid := 0
-	if !pr.sandboxed {
+	if !pr.sandboxed || pr.z != nil {
+		// A command of a zygote is, like an unsafe one, the leader of
+		// its own session and process group.
 		pgid = pr.pid
 	}
 	return treeMembers(pr.pid, !pr.exited, pgid), nil
@@ -208,7 +273,7 @@ func (pr *Process) killLocked() error {
 			// The started process has not joined its cgroup yet (it
 			// does so before it execs the command): kill it directly,
 			// then look once more in case it joined and forked first.
-			if err := kill(pr.pid, syscall.SIGKILL); err != nil {
+			if err := pr.killStarted(syscall.SIGKILL); err != nil {
 				return fmt.Errorf("kill command: %w", err)
 			}
 			direct = true
@@ -242,28 +307,47 @@ func (pr *Process) killLocked() error {
 // whatever it left behind, and records how it ended.
 func (pr *Process) wait() {
 	defer pr.m.p.wg.Done()
-	// Wait for the exit without reaping first: until the pid is reaped
-	// it cannot be reused, so Signal may still use it.
-	werr := waitExited(pr.pid)
-	pr.mu.Lock()
-	pr.exited = true
-	pr.mu.Unlock()
-	err := pr.cmd.Wait()
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		err = nil
-	}
-	if err != nil && werr != nil {
-		err = fmt.Errorf("wait for command: %w", errors.Join(werr, err))
-	} else if err != nil {
-		err = fmt.Errorf("wait for command: %w", err)
+	var err error
+	var exit compute.Exit
+	if pr.z != nil {
+		ws, ok := pr.z.status()
+		pr.mu.Lock()
+		pr.exited = true
+		pr.mu.Unlock()
+		exit = pr.exitOf(ws, ok)
+	} else {
+		// Wait for the exit without reaping first: until the pid is
+		// reaped it cannot be reused, so Signal may still use it.
+		werr := waitExited(pr.pid)
+		pr.mu.Lock()
+		pr.exited = true
+		pr.mu.Unlock()
+		err = pr.cmd.Wait()
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			err = nil
+		}
+		if err != nil && werr != nil {
+			err = fmt.Errorf("wait for command: %w", errors.Join(werr, err))
+		} else if err != nil {
+			err = fmt.Errorf("wait for command: %w", err)
+		}
+		ps := pr.cmd.ProcessState
+		var ws syscall.WaitStatus
+		if ps != nil {
+			ws, _ = ps.Sys().(syscall.WaitStatus)
+		}
+		exit = pr.exitOf(ws, ps != nil)
 	}
 
 	pr.mu.Lock()
 	if kerr := pr.killLocked(); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
-	exit := pr.exitOf(pr.cmd.ProcessState)
+	exit = pr.withOOM(exit)
+	if pr.z != nil {
+		pr.z.close()
+	}
 	if pr.leaf != nil {
 		if rerr := pr.leaf.remove(); rerr != nil {
 			err = errors.Join(err, rerr)
@@ -282,19 +366,25 @@ func (pr *Process) wait() {
 	close(pr.done)
 }
 
-// exitOf describes how the command ended.
-func (pr *Process) exitOf(ps *os.ProcessState) compute.Exit {
-	if ps == nil {
+// exitOf describes how the command ended from its wait status; known is
+// false when the status could not be had (for a command of a zygote: the
+// zygote died, taking the command with it).
+func (pr *Process) exitOf(ws syscall.WaitStatus, known bool) compute.Exit {
+	if !known {
+		if pr.z != nil {
+			return compute.Exit{Code: -1, Lost: true,
+				Detail: "lost: the sandbox's zygote, which started the command, died while it ran"}
+		}
 		return compute.Exit{Code: -1, Detail: "the command's status is unknown"}
 	}
 	var e compute.Exit
-	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch code := ws.ExitStatus(); {
 	case ws.Signaled():
 		e.Code, e.Signal = -1, ws.Signal()
 	case pr.sandboxed && code > 128 && code <= 128+64:
 		// bubblewrap's init reports a command killed by signal N as
-		// 128+N.
+		// 128+N; a command of a zygote is decoded the same way, so
+		// that both paths report alike.
 		e.Code, e.Signal = -1, syscall.Signal(code-128)
 	default:
 		e.Code = code
@@ -312,6 +402,11 @@ func (pr *Process) exitOf(ps *os.ProcessState) compute.Exit {
 	default:
 		e.Detail = fmt.Sprintf("exited with status %d", e.Code)
 	}
+	return e
+}
+
+// withOOM adds to e whether the kernel's OOM killer struck the command.
+func (pr *Process) withOOM(e compute.Exit) compute.Exit {
 	if pr.leaf != nil {
 		if n, ok := pr.leaf.oomKills(); ok && n > 0 {
 			e.OOM = true

@@ -60,6 +60,7 @@ type machine struct {
 	cg     *cgroup     // guarded by lock: the sandbox's cgroup while ready; nil without cgroups
 	seq    int         // guarded by lock: numbers the commands' leaf cgroups
 	gate   *egressGate // guarded by lock: the egress proxy while ready, once an allowlist was set
+	zyg    *zygote     // guarded by lock: the sandbox's zygote, once started; nil while sleeping
 
 	mu    sync.Mutex
 	state session.SandboxState // guarded by mu
@@ -146,6 +147,11 @@ func (m *machine) provisionLocked() error {
 			if err := m.sweepLocked(); err != nil {
 				return err
 			}
+			if m.zyg == nil {
+				if err := m.removeZygoteCgroupLocked(); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	if err := m.egressLocked(); err != nil {
@@ -196,6 +202,13 @@ func (m *machine) stopLocked(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("stop sandbox %s: %w", m.id, ctx.Err())
 		}
+	}
+	if m.zyg != nil {
+		m.zyg.stop()
+		m.zyg = nil
+	}
+	if err := m.removeZygoteCgroupLocked(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := m.closeEgressLocked(); err != nil {
 		errs = append(errs, err)
@@ -325,6 +338,11 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 			o.egress = &egressMount{socket: m.gate.socket, forwarder: p.forwarder, port: p.cfg.EgressPort}
 			proxy = proxyEnv(egressListen(p.cfg.EgressPort))
 		}
+		if pr, ok, err := m.execInZygoteLocked(o, leaf, zygoteRequest{
+			Argv: req.Argv, Env: environ(Workspace, proxy, req.Env), Dir: dir,
+		}); ok {
+			return pr, err
+		}
 		target = append([]string{p.bwrap}, p.layout.args(m.workspace, dir, o, req.Argv)...)
 		// bubblewrap runs from / so that the inherited PWD does not name
 		// a host path.
@@ -348,6 +366,80 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
 	}
 	return pr, nil
+}
+
+// execInZygoteLocked runs req through the sandbox's zygote; ok is false
+// when the command must start its own bubblewrap instead. The caller holds
+// the lifecycle lock.
+func (m *machine) execInZygoteLocked(o sandboxOptions, leaf *cgroup, req zygoteRequest) (pr *Process, ok bool, err error) {
+	// A zygote found dead (a command may kill it) or hanging is replaced
+	// once; if the new one fails too, the command starts its own
+	// bubblewrap.
+	for range 2 {
+		z := m.zygoteLocked(o)
+		if z == nil {
+			return nil, false, nil
+		}
+		pr, err = startInZygote(m, z, leaf, req)
+		if errors.Is(err, errZygoteGone) {
+			m.p.log.Warn("sandbox zygote lost", "session", string(m.id), "error", err.Error())
+			z.stop()
+			m.zyg = nil
+			continue
+		}
+		if err != nil {
+			if leaf != nil {
+				_ = leaf.remove() // Nothing ran in it.
+			}
+			return nil, true, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+		}
+		return pr, true, nil
+	}
+	return nil, false, nil
+}
+
+// zygoteLocked returns the sandbox's zygote for a command with options o,
+// starting it if needed, or nil when commands must start their own
+// bubblewrap: the executable does not act as a zygote, the zygote cannot
+// start, or commands still run in a zygote built with other options (the
+// network or the egress proxy changed) or over a workspace directory that
+// has since been replaced. The caller holds the lifecycle lock.
+func (m *machine) zygoteLocked(o sandboxOptions) *zygote {
+	p := m.p
+	if !p.zygoteUsable() {
+		return nil
+	}
+	if z := m.zyg; z != nil {
+		// A restore swaps a new tree in at the workspace's path (see
+		// compute/mount): the zygote's bind still shows the old one.
+		ws, err := statID(m.workspace)
+		if z.alive() && sameOptions(z.opts, o) && err == nil && ws == z.ws {
+			return z
+		}
+		m.mu.Lock()
+		busy := len(m.procs) > 0
+		m.mu.Unlock()
+		if z.alive() && busy {
+			return nil
+		}
+		z.stop()
+		m.zyg = nil
+	}
+	z, err := m.startZygoteLocked(o)
+	if err != nil {
+		p.log.Warn("sandbox zygote unavailable: the command starts its own bubblewrap", "session", string(m.id), "error", err.Error())
+		return nil
+	}
+	m.zyg = z
+	return z
+}
+
+// sameOptions reports whether a and b build the same sandbox.
+func sameOptions(a, b sandboxOptions) bool {
+	if a.network != b.network || (a.egress == nil) != (b.egress == nil) {
+		return false
+	}
+	return a.egress == nil || *a.egress == *b.egress
 }
 
 // hostDir maps a working directory of an unsafe command to the host: the

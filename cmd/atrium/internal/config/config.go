@@ -69,6 +69,53 @@ type File struct {
 	Storage        Storage  `yaml:"storage"`
 	// Channels configures chat channels and webhooks (channels.go).
 	Channels Channels `yaml:"channels"`
+	// Tracing exports OpenTelemetry traces; off unless otlp_endpoint is set.
+	Tracing Tracing `yaml:"tracing"`
+}
+
+// Tracing protocols.
+const (
+	TracingHTTP = "http" // OTLP over HTTP/protobuf (collectors listen on 4318)
+	TracingGRPC = "grpc" // OTLP over gRPC (collectors listen on 4317)
+)
+
+// Tracing configures OpenTelemetry tracing: spans of requests, NATS
+// requests, commands, turns, sandbox operations and workspace saves and
+// restores, with ids and sizes but never prompt text or payloads.
+type Tracing struct {
+	// OTLPEndpoint is the host:port of an OTLP collector; empty: tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// Protocol is http (the default) or grpc.
+	Protocol string `yaml:"protocol"`
+	// SampleRatio is the fraction of new traces recorded, in (0, 1]; 0
+	// means 1. Requests arriving with a sampled traceparent are recorded.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// Insecure sends spans without TLS (loopback or a trusted network).
+	Insecure bool `yaml:"insecure"`
+}
+
+// check returns the problems of the tracing section.
+func (t Tracing) check() []error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if t.OTLPEndpoint != "" {
+		if strings.Contains(t.OTLPEndpoint, "://") {
+			bad("tracing.otlp_endpoint", "%q: give host:port without a scheme (use tracing.insecure for plain HTTP)", t.OTLPEndpoint)
+		} else if _, _, err := net.SplitHostPort(t.OTLPEndpoint); err != nil {
+			bad("tracing.otlp_endpoint", "%q is not host:port (an OTLP collector, e.g. otel-collector:4318)", t.OTLPEndpoint)
+		}
+	}
+	switch t.Protocol {
+	case TracingHTTP, TracingGRPC:
+	default:
+		bad("tracing.protocol", "%q: want http or grpc", t.Protocol)
+	}
+	if t.SampleRatio < 0 || t.SampleRatio > 1 {
+		bad("tracing.sample_ratio", "%v: want a fraction between 0 and 1 (0.1 records one new trace in ten; 0 means all)", t.SampleRatio)
+	}
+	return errs
 }
 
 // Log configures logging.
@@ -233,6 +280,7 @@ func (f *File) fillDefaults() {
 	def(&f.Log.Level, DefaultLogLevel)
 	def(&f.Sandbox.Provider, "local")
 	def(&f.Storage.Type, "dir")
+	def(&f.Tracing.Protocol, TracingHTTP)
 	defDur(&f.Auth.CookieTTL, DefaultCookieTTL)
 	defDur(&f.Node.HibernateAfter, DefaultHibernateAfter)
 	defDur(&f.Node.TurnTimeout, DefaultTurnTimeout)
@@ -361,6 +409,7 @@ func (f *File) Validate(dev bool) error {
 		bad("storage.type", "%q: want dir or s3", f.Storage.Type)
 	}
 	errs = append(errs, f.Channels.check()...)
+	errs = append(errs, f.Tracing.check()...)
 	return errors.Join(errs...)
 }
 
@@ -443,6 +492,12 @@ func setFromString(v reflect.Value, s string) error {
 			return fmt.Errorf("%q is not an integer", s)
 		}
 		v.SetInt(n)
+	case v.Kind() == reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", s)
+		}
+		v.SetFloat(f)
 	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
 		var parts []string
 		for p := range strings.SplitSeq(s, ",") {

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute"
@@ -142,6 +143,9 @@ type Config struct {
 	// signed webhooks); nil means none. Its public URL defaults to
 	// PublicURL.
 	Channels *gateway.Channels
+	// Tracing exports OpenTelemetry spans of requests, commands, turns and
+	// sandbox operations; the zero value is off.
+	Tracing Tracing
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -163,6 +167,8 @@ type Server struct {
 	inproc  inProcess
 	reg     *prometheus.Registry
 	closing atomic.Bool
+	// tp is the tracer provider of Config.Tracing; nil when it is off.
+	tp *sdktrace.TracerProvider
 
 	serveDone chan error
 	closeOnce sync.Once
@@ -223,6 +229,9 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 
+	if s.tp, err = newTracerProvider(ctx, cfg.Tracing, cfg.Logger.With("component", "tracing")); err != nil {
+		return nil, err
+	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := s.startNATS(); err != nil {
@@ -259,6 +268,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		TurnTimeout:        cfg.TurnTimeout,
 		CancelGrace:        cfg.CancelGrace,
 		Registerer:         s.reg,
+		TracerProvider:     s.tracerProvider(),
 		Logger:             cfg.Logger.With("component", "node"),
 	})
 	if err != nil {
@@ -323,6 +333,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		OriginPatterns: cfg.AllowedOrigins,
 		Registry:       s.reg,
 		Channels:       cfg.Channels,
+		TracerProvider: s.tracerProvider(),
 		Logger:         cfg.Logger.With("component", "gateway"),
 	})
 	if err != nil {
@@ -390,6 +401,7 @@ func (s *Server) Close(ctx context.Context) error {
 		if s.prov != nil {
 			errs = append(errs, s.prov.Close(ctx))
 		}
+		errs = append(errs, s.shutdownTracing(ctx))
 		if c, ok := s.store.(interface{ Close() error }); ok {
 			errs = append(errs, c.Close())
 		}
