@@ -111,6 +111,11 @@ type zygoteReply struct {
 	Status *int   `json:"status,omitempty"`
 }
 
+// init is a re-exec entry point (like moby's reexec), the one exception to
+// "no init side effects" in this tree: every binary that links this package
+// (atrium, and each test binary that opens sandboxes) can then be a
+// sandbox's zygote without its main or TestMain knowing. It does nothing
+// unless this process was started as a zygote.
 func init() {
 	if isZygote(os.Args) {
 		// syscall.Exit skips deferred work and the race detector's pause
