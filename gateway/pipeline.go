@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -161,7 +162,15 @@ func (k *commander) submit(p *pending) {
 		data, err := json.Marshal(p.cmd)
 		if err == nil {
 			msg := &nats.Msg{Subject: k.c.s.subj.Cmd(k.c.id), Data: data, Header: k.hdr}
+			traceEnd := noEnd
+			if k.c.s.tracer != nil {
+				// Each frame's command carries its own trace context;
+				// the span covers the publication (the reply comes later).
+				msg.Header = maps.Clone(k.hdr)
+				_, traceEnd = k.c.s.traceRequest(k.ctx, msg, p.cmd)
+			}
 			p.token, p.reply, err = k.c.s.replies.publish(msg)
+			traceEnd(err)
 		}
 		if err != nil {
 			p.reply = nil // run sends it, and reports the error if it persists.

@@ -109,6 +109,15 @@ func TestServer_TracePromptToSandbox(t *testing.T) {
 	if fin := alice.waitTurn(sess.ID, 1); fin.Status != session.TurnOK {
 		t.Fatalf("turn 1 finished %+v, want ok", fin)
 	}
+	// A prompt sent as a WebSocket frame carries its own trace context too.
+	w := alice.watch(sess.ID, 0)
+	w.send(map[string]any{"type": "prompt", "text": "ws-" + secret, "client_id": "ws-1"})
+	if f := w.nextNonEvent("ack"); f.Type != session.FrameAck {
+		t.Fatalf("WebSocket prompt got %s, want an ack", f.raw)
+	}
+	if fin := alice.waitTurn(sess.ID, 2); fin.Status != session.TurnOK {
+		t.Fatalf("turn 2 finished %+v, want ok", fin)
+	}
 	// Close flushes the batch processor; the test's cleanup closes again.
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
@@ -190,6 +199,24 @@ func TestServer_TracePromptToSandbox(t *testing.T) {
 	save := find("workspace.save", turn)
 	if v := attr(save, "atrium.workspace.bytes"); v == nil {
 		t.Fatalf("workspace.save span has no atrium.workspace.bytes attribute")
+	}
+	// The WebSocket prompt: a NATS request span of its own (no HTTP request
+	// is its parent: the upgrade ended long before), the node's command span
+	// under it, and turn 2 under that.
+	var wsCmd *tracepb.Span
+	for _, sp := range spans {
+		if sp.Name != "atrium.command prompt" || bytes.Equal(sp.SpanId, cmd.SpanId) {
+			continue
+		}
+		if p := byID[hex.EncodeToString(sp.ParentSpanId)]; p != nil && p.Name == "nats request cmd" && !bytes.Equal(p.SpanId, natsReq.SpanId) {
+			wsCmd = sp
+		}
+	}
+	if wsCmd == nil {
+		t.Fatalf("no command span for the WebSocket prompt under a NATS request span of its own")
+	}
+	if v := attr(find("atrium.turn", wsCmd), "atrium.turn"); v.GetIntValue() != 2 {
+		t.Fatalf("the WebSocket prompt's turn span is turn %v, want 2", v)
 	}
 	for _, sp := range []*tracepb.Span{natsReq, cmd, turn, exec, save} {
 		if !bytes.Equal(sp.TraceId, req.TraceId) {
