@@ -270,6 +270,8 @@ func (s *sessionActor) onCommitted(m *committed) {
 		if n := len(b.pend); n > 0 {
 			s.h.metrics.appended.Add(float64(n))
 			s.durable = b.pend[n-1].ev.Seq
+			now := session.Time{Time: time.Now().UTC()}
+			s.lastActivity = &now
 		}
 		if b.meta != nil {
 			s.meta = *b.meta

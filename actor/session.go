@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -96,6 +97,7 @@ type handoff struct {
 type openResult struct {
 	meta     session.Meta
 	last     session.Seq
+	lastTime *session.Time // when event last was committed; nil if unknown
 	lastTurn int64
 	sandbox  session.SandboxState
 	queue    []session.Prompt // acknowledged prompts whose turn has not started
@@ -155,6 +157,7 @@ type sessionActor struct {
 	turns        session.Turns
 	runner       *runner
 	sandboxState session.SandboxState
+	lastActivity *session.Time // when the last event was committed; nil if unknown
 	recent       recentPrompts
 	prev         *previousTurn // how the last turn ended (EnvPreviousTurn)
 
@@ -511,6 +514,16 @@ func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, 
 		return nil, err
 	}
 	res := &openResult{meta: m, last: last, sandbox: session.SandboxNone}
+	if last > 0 {
+		evs, _, err := hist.Range(ctx, last-1, 1, 0)
+		if err != nil {
+			return nil, err
+		}
+		var ev session.Event
+		if len(evs) == 1 && json.Unmarshal(evs[0], &ev) == nil && !ev.Time.IsZero() {
+			res.lastTime = &ev.Time
+		}
+	}
 	if raw, err := hist.LastOfKind(ctx, session.KindSandbox); err != nil {
 		return nil, err
 	} else if raw != nil {
@@ -673,6 +686,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.turns.Enqueue(p)
 	}
 	s.sandboxState = ho.open.sandbox
+	s.lastActivity = ho.open.lastTime
 	s.prev = ho.open.prev
 	s.box = s.h.boxes.lookup(s.id)
 	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {
@@ -928,7 +942,9 @@ func (s *sessionActor) publish(b []byte) {
 }
 
 func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
-	return catalogEntry(s.meta, s.durable, state, s.sandboxState)
+	e := catalogEntry(s.meta, s.durable, state, s.sandboxState)
+	e.LastActivity = s.lastActivity
+	return e
 }
 
 func catalogEntry(m session.Meta, last session.Seq, state session.State, sb session.SandboxState) session.CatalogEntry {
@@ -949,7 +965,7 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 	return session.Session{
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
-		Sandbox: session.SandboxInfo{State: s.sandboxState}, Role: s.roleOf(p),
+		Sandbox: session.SandboxInfo{State: s.sandboxState}, LastActivity: s.lastActivity,
 		Egress: slices.Clone(s.meta.Egress),
-	}
+	}.WithRole(s.roleOf(p), maps.Clone(s.meta.Members))
 }

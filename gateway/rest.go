@@ -96,8 +96,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p session.
 		Sessions []session.Session `json:"sessions"`
 	}{Sessions: make([]session.Session, 0, len(entries))}
 	for i := range entries {
-		sess := entries[i].SessionFor(p.User)
-		sess.Role = roleIn(&entries[i], p)
+		sess := entries[i].SessionFor(p.User).WithRole(roleIn(&entries[i], p), entries[i].Members)
 		body.Sessions = append(body.Sessions, sess)
 	}
 	writeJSON(w, http.StatusOK, body)
@@ -118,8 +117,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p session.Pr
 	}
 	switch {
 	case errors.Is(err, errNotActive): // and the catalog allowed the caller
-		sess := a.entry.SessionFor(p.User)
-		sess.Role = roleIn(a.entry, p)
+		sess := a.entry.SessionFor(p.User).WithRole(roleIn(a.entry, p), a.entry.Members)
 		sess.State = session.StateHibernated
 		writeJSON(w, http.StatusOK, sess)
 	case err != nil:

@@ -28,6 +28,12 @@ type Session struct {
 	State     State       `json:"state"`
 	Sandbox   SandboxInfo `json:"sandbox"`
 	Role      Role        `json:"role"`
+	// LastActivity is when the session's last event was committed (an
+	// extension); absent if unknown.
+	LastActivity *Time `json:"last_activity,omitempty"`
+	// Members lists the session's members and their roles (an extension);
+	// only owners see it.
+	Members Members `json:"members,omitempty"`
 	// Egress is the session's own egress allowlist (an extension): hosts
 	// its sandbox may reach besides the node's default allowlist.
 	Egress []string `json:"egress,omitempty"`
@@ -90,6 +96,8 @@ type CatalogEntry struct {
 	State     State        `json:"state"`
 	LastSeq   Seq          `json:"last_seq"`
 	Sandbox   SandboxState `json:"sandbox"`
+	// LastActivity is when the last event was committed; nil if unknown.
+	LastActivity *Time `json:"last_activity,omitempty"`
 }
 
 // SessionFor returns the Session object as user sees it.
@@ -98,5 +106,17 @@ func (c *CatalogEntry) SessionFor(user string) Session {
 		ID: c.ID, Title: c.Title, Owner: c.Owner, CreatedAt: c.CreatedAt,
 		LastSeq: c.LastSeq, Epoch: c.Epoch, State: c.State,
 		Sandbox: SandboxInfo{State: c.Sandbox}, Role: c.Members.RoleOf(user),
+		LastActivity: c.LastActivity,
 	}
+}
+
+// WithRole returns s as a caller with role sees it: the role set, and the
+// members shown to owners only.
+func (s Session) WithRole(role Role, m Members) Session {
+	s.Role = role
+	s.Members = nil
+	if role == RoleOwner {
+		s.Members = m
+	}
+	return s
 }

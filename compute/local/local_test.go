@@ -104,8 +104,19 @@ func checkAllReaped(tb testing.TB, p *Provider, cg cgroup) {
 	if p.layout == nil || !p.pidns.Load() {
 		return // The host's init reaps orphans in its own time.
 	}
-	if n, ok := cg.pidsCurrent(); !ok || n != 0 {
-		tb.Errorf("after the command the sandbox's cgroup counts %d tasks (%v)", n, ok)
+	// The sandbox's init reaps the killed orphans asynchronously: until it
+	// has, their zombies still count.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, ok := cg.pidsCurrent()
+		if ok && n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Errorf("after the command the sandbox's cgroup counts %d tasks (%v)", n, ok)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -170,7 +170,7 @@ export class Model {
         if (live) this.sandbox = d.state;
         break;
       case 'member_changed':
-        this.memberLog.push({ user: d.user, role: d.role || 'none' });
+        this.memberLog.push({ user: d.user, role: d.role || 'none', seq: ev.seq });
         break;
     }
   }

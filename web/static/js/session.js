@@ -660,7 +660,11 @@ export class SessionPage {
     } else {
       return null;
     }
-    if (!s.members && this.model) for (const c of this.model.memberLog) apply(m, c);
+    if (this.model) {
+      // A server's list is as of the session's last_seq: later changes apply on top.
+      const since = s.members ? (s.last_seq || 0) : 0;
+      for (const c of this.model.memberLog) if (!c.seq || c.seq > since) apply(m, c);
+    }
     if (s.owner) m.set(s.owner, 'owner');
     return m;
   }
