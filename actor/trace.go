@@ -35,18 +35,10 @@ const (
 // propagator reads the W3C trace context gateways put in NATS headers.
 var propagator = propagation.TraceContext{}
 
-// headerCarrier adapts nats.Header to propagation.TextMapCarrier.
-type headerCarrier nats.Header
-
-func (c headerCarrier) Get(key string) string { return nats.Header(c).Get(key) }
-func (c headerCarrier) Set(key, value string) { nats.Header(c).Set(key, value) }
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
-}
+// headerCarrier carries the trace context in NATS headers: nats.Header and
+// http.Header are the same map type, so OpenTelemetry's carrier for HTTP
+// headers serves (gateway and node both use it, so keys match).
+func headerCarrier(h nats.Header) propagation.HeaderCarrier { return propagation.HeaderCarrier(h) }
 
 // noSpan is the span of a host without tracing: every method is a no-op.
 var noSpan = trace.SpanFromContext(context.Background())

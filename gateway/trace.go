@@ -34,18 +34,10 @@ const (
 // it back (actor/trace.go).
 var propagator = propagation.TraceContext{}
 
-// headerCarrier adapts nats.Header to propagation.TextMapCarrier.
-type headerCarrier nats.Header
-
-func (c headerCarrier) Get(key string) string { return nats.Header(c).Get(key) }
-func (c headerCarrier) Set(key, value string) { nats.Header(c).Set(key, value) }
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
-}
+// headerCarrier carries the trace context in NATS headers: nats.Header and
+// http.Header are the same map type, so OpenTelemetry's carrier for HTTP
+// headers serves (gateway and node both use it, so keys match).
+func headerCarrier(h nats.Header) propagation.HeaderCarrier { return propagation.HeaderCarrier(h) }
 
 // tracerOf returns tp's tracer for the gateway, or nil when tracing is off.
 func tracerOf(tp trace.TracerProvider) trace.Tracer {
