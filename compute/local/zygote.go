@@ -174,7 +174,7 @@ func readZygoteRequest(ctl *os.File) (zygoteRequest, []int, error) {
 	var req zygoteRequest
 	hdr := make([]byte, 4)
 	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, _, _, err := unix.Recvmsg(int(ctl.Fd()), hdr, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(int(ctl.Fd()), hdr, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return req, nil, fmt.Errorf("read request: %w", err)
 	}
@@ -224,7 +224,7 @@ func serveZygote(req zygoteRequest, fds []int) {
 	defer unix.Close(conn)
 	reply := func(r zygoteReply, rights []byte) error {
 		b, _ := json.Marshal(r)
-		return unix.Sendmsg(conn, b, rights, nil, 0)
+		return sendmsg(conn, b, rights)
 	}
 	gateR, gateW, err := os.Pipe()
 	if err != nil {
@@ -251,7 +251,7 @@ func serveZygote(req zygoteRequest, fds []int) {
 	unix.Close(pidfd)
 	if err == nil {
 		buf := make([]byte, 16)
-		if n, _, _, _, rerr := unix.Recvmsg(conn, buf, nil, 0); rerr == nil && string(buf[:n]) == "go" {
+		if n, _, rerr := recvmsg(conn, buf, nil, 0); rerr == nil && string(buf[:n]) == "go" {
 			_, _ = gateW.Write([]byte("go\n"))
 		}
 	}
@@ -440,7 +440,7 @@ func (z *zygote) exec(req zygoteRequest, stdio [3]*os.File, leaf *cgroup) (*zygo
 	}
 	msg := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
 	rights := unix.UnixRights(int(stdio[0].Fd()), int(stdio[1].Fd()), int(stdio[2].Fd()), pair[1])
-	err = unix.Sendmsg(int(z.ctl.Fd()), msg, rights, nil, 0)
+	err = sendmsg(int(z.ctl.Fd()), msg, rights)
 	unix.Close(pair[1])
 	if err == nil {
 		_, err = z.ctl.Write(body)
@@ -451,7 +451,7 @@ func (z *zygote) exec(req zygoteRequest, stdio [3]*os.File, leaf *cgroup) (*zygo
 	var r zygoteReply
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := unix.Recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil || n == 0 {
 		return fail(fmt.Errorf("read zygote's answer: %w: %w", errZygoteGone, errors.Join(err, io.ErrUnexpectedEOF)))
 	}
@@ -496,7 +496,7 @@ func (z *zygote) exec(req zygoteRequest, stdio [3]*os.File, leaf *cgroup) (*zygo
 	// The status may take as long as the command runs.
 	tv = unix.Timeval{}
 	_ = unix.SetsockoptTimeval(conn, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Sendmsg(conn, []byte("go"), nil, nil, 0); err != nil {
+	if err := sendmsg(conn, []byte("go"), nil); err != nil {
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
 		unix.Close(pidfd)
 		return fail(fmt.Errorf("start command: %w", err))
@@ -509,10 +509,7 @@ func (z *zygote) exec(req zygoteRequest, stdio [3]*os.File, leaf *cgroup) (*zygo
 func (e *zygoteExec) status() (ws syscall.WaitStatus, ok bool) {
 	buf := make([]byte, 256)
 	for {
-		n, _, _, _, err := unix.Recvmsg(e.conn, buf, nil, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
+		n, _, err := recvmsg(e.conn, buf, nil, 0)
 		if err != nil || n == 0 {
 			return 0, false
 		}
@@ -547,4 +544,27 @@ func pidfdPid(pidfd int) (int, error) {
 		}
 	}
 	return 0, errors.New("read pidfd: no pid")
+}
+
+// recvmsg is unix.Recvmsg restarted when a signal interrupts it. The Go
+// runtime signals its threads (to preempt goroutines), and a socket with a
+// receive timeout (SO_RCVTIMEO) fails with EINTR even under SA_RESTART.
+func recvmsg(fd int, p, oob []byte, flags int) (n, oobn int, err error) {
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(fd, p, oob, flags)
+		if !errors.Is(err, unix.EINTR) {
+			return n, oobn, err
+		}
+	}
+}
+
+// sendmsg is unix.Sendmsg restarted when a signal interrupts it (see
+// recvmsg; SO_SNDTIMEO behaves the same).
+func sendmsg(fd int, p, oob []byte) error {
+	for {
+		err := unix.Sendmsg(fd, p, oob, nil, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
