@@ -132,6 +132,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
+	// AccessLog, if set, receives one line per HTTP request when it ends
+	// (method, route, path, status, bytes, duration, remote address,
+	// request id, caller); nil: no access log.
+	AccessLog *slog.Logger
 }
 
 // Server is a gateway. Create it with New, serve Handler, and Close it.
@@ -153,6 +157,7 @@ type Server struct {
 	presenceTTL   time.Duration
 	tokenRecheck  time.Duration
 	log           *slog.Logger
+	access        *slog.Logger // Config.AccessLog; nil: none
 	metrics       *metrics
 	tracer        trace.Tracer // nil: tracing off
 	handler       http.Handler
@@ -211,6 +216,7 @@ func New(cfg Config) (*Server, error) {
 		presenceTTL:   cfg.PresenceTTL,
 		tokenRecheck:  cfg.TokenRecheck,
 		log:           cfg.Logger,
+		access:        cfg.AccessLog,
 		tracer:        tracerOf(cfg.TracerProvider),
 		closed:        make(chan struct{}),
 	}

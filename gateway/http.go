@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"path"
@@ -51,6 +53,9 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, session.Princ
 			}
 		}
 		traceUser(r, p)
+		if a, ok := r.Context().Value(accessKey{}).(*accessNote); ok {
+			a.user, a.tenant = p.User, p.Tenant
+		}
 		h(w, r, p)
 	})
 }
@@ -135,10 +140,16 @@ func (s *Server) secure(next http.Handler) http.Handler {
 	})
 }
 
-// instrument counts requests by route pattern and status code.
+// instrument counts requests by route pattern and status code and, with
+// Config.AccessLog, logs one line per request when it ends.
 func (s *Server) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}
+		var note *accessNote
+		if s.access != nil {
+			note = &accessNote{start: time.Now()}
+			r = r.WithContext(context.WithValue(r.Context(), accessKey{}, note))
+		}
 		next.ServeHTTP(sw, r)
 		route := r.Pattern // set by the ServeMux on this request.
 		if route == "" {
@@ -152,14 +163,52 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 		if code == http.StatusTooManyRequests {
 			s.metrics.limited.Inc()
 		}
+		if note != nil {
+			s.logAccess(r, route, code, sw.bytes, note)
+		}
 	})
 }
 
-// statusWriter records the status code. Unwrap lets http.ResponseController
-// and the WebSocket library reach the underlying writer's Flush and Hijack.
+// accessKey is the context key of a request's accessNote.
+type accessKey struct{}
+
+// accessNote is what the access log learns while a request is served:
+// authed fills in the caller.
+type accessNote struct {
+	start        time.Time
+	user, tenant string
+}
+
+// logAccess writes a request's access log line. It names the route
+// pattern and the path but never the query string (it may carry a cursor
+// today and something sensitive tomorrow) or any header but the request
+// id; a WebSocket or SSE request is logged when its stream ends.
+func (s *Server) logAccess(r *http.Request, route string, code int, size int64, note *accessNote) {
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("route", route),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", code),
+		slog.Int64("bytes", size),
+		slog.Float64("duration_ms", float64(time.Since(note.start).Microseconds())/1000),
+		slog.String("remote", remoteOf(r)),
+	}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		attrs = append(attrs, slog.String("request_id", id))
+	}
+	if note.user != "" {
+		attrs = append(attrs, slog.String("user", note.user), slog.String("tenant", note.tenant))
+	}
+	s.access.LogAttrs(context.WithoutCancel(r.Context()), slog.LevelInfo, "request", attrs...)
+}
+
+// statusWriter records the status code and the bytes of the body. Unwrap
+// lets http.ResponseController and the WebSocket library reach the
+// underlying writer's Flush and Hijack.
 type statusWriter struct {
 	http.ResponseWriter
-	code int
+	code  int
+	bytes int64
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -173,7 +222,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.code == 0 {
 		w.code = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
