@@ -89,7 +89,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	role := s.roleOf(who)
 	need := session.ActRead
 	switch c.Op {
-	case session.OpPrompt, session.OpCancel, session.OpApprove:
+	case session.OpPrompt, session.OpCancel, session.OpApprove, session.OpPROpened:
 		need = session.ActDrive
 	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress:
 		need = session.ActManage
@@ -110,7 +110,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	case session.OpPrompt:
 		s.opPrompt(msg, who.User, c)
 	case session.OpCancel:
-		s.opCancel(msg)
+		s.opCancel(msg, c)
 	case session.OpApprove:
 		s.opApprove(msg, who.User, c)
 	case session.OpHistory:
@@ -130,6 +130,8 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 		s.opSecrets(msg)
 	case session.OpEgress:
 		s.opEgress(msg, who, c)
+	case session.OpPROpened:
+		s.opPROpened(msg, who.User, c)
 	}
 }
 
@@ -146,9 +148,6 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 		return
 	case !utf8.ValidString(c.Text):
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
-		return
-	case s.shutting:
-		respond(msg, errorReply(session.Errorf(session.CodeUnavailable, "the server is shutting down; retry")))
 		return
 	}
 	key := ""
@@ -204,8 +203,18 @@ func maxEventData(nc *nats.Conn) int {
 	return int(nc.MaxPayload()) - 1024
 }
 
-func (s *sessionActor) opCancel(msg *nats.Msg) {
-	if _, err := s.turns.Cancel(); err != nil {
+func (s *sessionActor) opCancel(msg *nats.Msg, c *session.Command) {
+	if c.PromptSeq > 0 { // only that prompt's turn, running or queued (invoke).
+		turn, err := s.turns.CancelPrompt(c.PromptSeq)
+		if err != nil {
+			respond(msg, errorReply(err))
+			return
+		}
+		if turn == nil { // queued: its turn will finish cancelled without running.
+			respond(msg, session.Reply{})
+			return
+		}
+	} else if _, err := s.turns.Cancel(); err != nil {
 		respond(msg, errorReply(err))
 		return
 	}
@@ -344,7 +353,9 @@ func (s *sessionActor) tryFinishDelete() {
 		b = &box{id: s.id}
 	}
 	hadSandbox := b.sb != nil || (s.sandboxState != session.SandboxNone && s.sandboxState != "")
-	s.hist, s.committer, s.box = nil, nil, nil
+	l, fence := s.lease, s.fence
+	s.hist, s.committer, s.box, s.lease = nil, nil, nil, nil
+	s.stopCheckpointTimer()
 	s.h.boxes.remove(s.id)
 	s.spawn(func() {
 		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
@@ -358,7 +369,10 @@ func (s *sessionActor) tryFinishDelete() {
 		if err := s.h.cfg.Histories.Remove(ctx, s.id); err != nil {
 			errs = append(errs, err)
 		}
-		if err := s.h.destroyBox(ctx, b, hadSandbox); err != nil {
+		if err := s.h.destroyBox(ctx, b, hadSandbox, fence); err != nil {
+			errs = append(errs, err)
+		}
+		if err := s.h.forget(ctx, s.id); err != nil {
 			errs = append(errs, err)
 		}
 		s.h.catalog.remove(s.id)
@@ -375,6 +389,8 @@ func (s *sessionActor) tryFinishDelete() {
 			s.log.Info("session deleted")
 			respond(msg, session.Reply{})
 		}
+		l.release(ctx)
+		s.h.dropReleased(s.id)
 		s.send(&deletedMsg{})
 	})
 }

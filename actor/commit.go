@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/atriumhq/atrium/session"
@@ -69,6 +70,16 @@ type committer struct {
 
 	wake chan struct{} // cap 1
 	done chan struct{} // closed when the goroutine has ended
+	// ctx bounds capture; abort cancels it (the lease is lost), so that
+	// stop does not wait for a stream it cannot reach.
+	ctx   context.Context
+	abort context.CancelFunc
+	// acked is the highest events-stream sequence a capture stored: every
+	// event committed after it was read has a higher one (checkpoints).
+	acked atomic.Uint64
+	// uncaptured is set once a capture failed: the file then holds events
+	// the stream may lack, and must not be checkpointed.
+	uncaptured atomic.Bool
 
 	// Owned by the committer's goroutine.
 	failed    bool
@@ -77,10 +88,14 @@ type committer struct {
 
 func (s *sessionActor) startCommitter(hist History) *committer {
 	c := &committer{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	subject := s.h.cfg.Subjects.Events(s.id)
-	nc := s.h.cfg.NATS
+	c.ctx, c.abort = context.WithCancel(s.h.ctx)
+	epoch := s.meta.Epoch
+	// The lease is read here, on the actor's goroutine; its valid method
+	// is safe from the committer's.
+	owner := s.lease
 	s.spawn(func() {
 		defer close(c.done)
+		defer c.abort()
 		evs := make([]session.Stored, 0, maxBatch)
 		for {
 			c.mu.Lock()
@@ -128,14 +143,33 @@ func (s *sessionActor) startCommitter(hist History) *committer {
 					if res.err == nil && meta != nil {
 						res.metaErr = hist.SetMeta(ctx, *meta)
 					}
+					if res.err == nil {
+						// Durable here; reported (and acknowledged) once
+						// the stream has it too. If capture fails, the
+						// lease is lost or the host is closing: the actor
+						// stops, and the next activation re-publishes or
+						// drops what is only in this file (takeover.go).
+						var top uint64
+						var m *session.Meta
+						if res.metaErr == nil {
+							m = meta
+						}
+						if owner != nil && !owner.valid() {
+							// Never publish once the lease may be lost:
+							// the next owner may already be replaying.
+							res.err = errLeaseLost
+						} else {
+							top, res.err = s.h.captureEvents(c.ctx, s.id, epoch, evs, m)
+						}
+						if top > c.acked.Load() {
+							c.acked.Store(top)
+						}
+						if res.err != nil {
+							c.uncaptured.Store(true)
+						}
+					}
 					if res.err != nil {
 						c.failed, c.failedGen = true, res.batches[len(res.batches)-1].gen
-					} else {
-						for _, ev := range evs {
-							if err := nc.Publish(subject, ev.JSON); err != nil {
-								s.log.Warn("publish event", "seq", ev.Seq, "err", err)
-							}
-						}
 					}
 				}
 				s.send(res)

@@ -83,7 +83,9 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 		NodeID:         "n1",
 		HibernateAfter: time.Minute,
 		CancelGrace:    time.Second,
-		Logger:         testLogger(t),
+		// Tests close hosts with turns running; drain is tested on its own.
+		DrainGrace: 100 * time.Millisecond,
+		Logger:     testLogger(t),
 	}
 	for _, o := range opts {
 		o(&e.cfg)
@@ -175,11 +177,16 @@ func (e *env) cmd(id session.ID, user string, c session.Command) session.Reply {
 }
 
 func (e *env) tryCmd(id session.ID, user string, c session.Command) (session.Reply, error) {
+	return e.tryCmdWithin(id, user, c, 20*time.Second)
+}
+
+// tryCmdWithin is tryCmd with each request's timeout.
+func (e *env) tryCmdWithin(id session.ID, user string, c session.Command, timeout time.Duration) (session.Reply, error) {
 	var rep session.Reply
 	for range 50 {
-		resp, err := e.request(e.subj.Cmd(id), user, c, 20*time.Second)
+		resp, err := e.request(e.subj.Cmd(id), user, c, timeout)
 		if errors.Is(err, nats.ErrNoResponders) {
-			resp, err = e.request(e.subj.Place(), user, session.PlaceRequest{Op: session.PlaceActivate, Session: id}, 20*time.Second)
+			resp, err = e.request(e.subj.Place(), user, session.PlaceRequest{Op: session.PlaceActivate, Session: id}, timeout)
 			if err != nil {
 				return rep, fmt.Errorf("activate: %w", err)
 			}

@@ -186,8 +186,10 @@ func TestHost_HarnessFailures(t *testing.T) {
 		if n := logged.Load(); n != DefaultMaxTurnOutput {
 			t.Errorf("logged %d bytes of output, want the limit %d", n, DefaultMaxTurnOutput)
 		}
-		// The node never held the output: far less than 100 MB.
-		if p := peak.Load(); p > 64<<20 {
+		// The node never held the output: far less than 100 MB. (The heap
+		// is the whole process's: it includes the in-process NATS server,
+		// whose events stream keeps the captured 8 MB in its cache.)
+		if p := peak.Load(); p > 80<<20 {
 			t.Errorf("heap in use peaked at %d MB", p>>20)
 		}
 		t.Logf("peak heap in use %d MB", peak.Load()>>20)

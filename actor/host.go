@@ -10,6 +10,14 @@
 // a hibernated session to log it), replaces sandboxes past their lifetime
 // and recovers from sandboxes that die.
 //
+// With several nodes on one NATS cluster, a session is served by the node
+// holding its ownership lease in the owners bucket (lease.go), whose
+// revision fences its sandbox, workspace saves and checkpoints; its events
+// are captured by a JetStream stream before they are acknowledged
+// (capture.go); its history is checkpointed to an object store
+// (checkpoint.go); and a node taking a session over restores the newest
+// checkpoint and replays the stream after it (takeover.go).
+//
 // A manager actor owns the session actors: it spawns them, supervises them
 // (a panicking session restarts from its history file) and buffers place
 // requests for a session whose actor is stopping until its Terminated
@@ -147,6 +155,35 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Logger receives the host's and protoactor's logs; slog.Default() if nil.
 	Logger *slog.Logger
+
+	// Scale-out (actor/lease.go, actor/checkpoint.go, actor/takeover.go).
+
+	// LeaseTTL is the TTL of ownership leases (the owners bucket's TTL):
+	// a session of a node that died is taken over after at most this
+	// long. Leases are renewed every LeaseTTL/3; a node that could not
+	// renew for LeaseTTL*2/3 stops the session. DefaultLeaseTTL if zero.
+	LeaseTTL time.Duration
+	// Replicas is the JetStream replica count of the buckets and the
+	// events stream the node creates (or updates); DefaultReplicas if
+	// zero. Use 3 on a 3-server NATS cluster.
+	Replicas int
+	// EventsMaxAge is how long the events stream keeps messages;
+	// DefaultEventsMaxAge if zero. It must be far longer than the time
+	// between checkpoints (see DefaultEventsMaxAge).
+	EventsMaxAge time.Duration
+	// Checkpoints is the object store history checkpoints are written to
+	// (sessions/<id>/history/…): at hibernation, every CheckpointInterval
+	// while active and when the node drains. A node taking a session over
+	// restores the newest one and replays the events stream after it. nil:
+	// no checkpoints; another node can still rebuild a session from the
+	// stream while the stream holds all of it.
+	Checkpoints blob.Store
+	// CheckpointInterval is how often an active session is checkpointed;
+	// DefaultCheckpointInterval if zero.
+	CheckpointInterval time.Duration
+	// DrainGrace is how long Close lets running turns finish before it
+	// cancels them; DefaultDrainGrace if zero.
+	DrainGrace time.Duration
 }
 
 // Host runs the session actors of one node. Create it with New, serve with
@@ -165,7 +202,9 @@ type Host struct {
 	managerStopped chan struct{}
 
 	kv      jetstream.KeyValue
-	owners  jetstream.KeyValue // fencing tokens (see acquireFence)
+	owners  jetstream.KeyValue // ownership leases (lease.go)
+	js      jetstream.JetStream
+	events  jetstream.Stream // captures events and metadata (capture.go)
 	catalog *catalogWriter
 	boxes   *sandboxes
 	reads   chan readJob
@@ -182,6 +221,12 @@ type Host struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // every goroutine the host and its sessions start
 
+	leaseMu sync.Mutex
+	leases  map[session.ID]*lease // guarded by leaseMu: the leases held
+	// released maps a session whose lease this node released to the
+	// revision of its delete marker; guarded by leaseMu.
+	released map[session.ID]uint64
+
 	mu       sync.Mutex
 	started  bool  // guarded by mu
 	closed   bool  // guarded by mu
@@ -192,6 +237,9 @@ type Host struct {
 	beforeCmd func(id session.ID, c *session.Command)
 	// now is the clock of sandbox lifetimes; tests replace it before Start.
 	now func() time.Time
+	// afterLeaseLost, when set (by tests, before Start), runs in a session
+	// actor once it has stopped because it lost its lease.
+	afterLeaseLost func(id session.ID)
 }
 
 // New validates cfg, fills in defaults and returns a Host that is not yet
@@ -233,6 +281,21 @@ func New(cfg Config) (*Host, error) {
 	if cfg.SaveInterval <= 0 {
 		cfg.SaveInterval = DefaultSaveInterval
 	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = DefaultReplicas
+	}
+	if cfg.EventsMaxAge <= 0 {
+		cfg.EventsMaxAge = DefaultEventsMaxAge
+	}
+	if cfg.CheckpointInterval <= 0 {
+		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if cfg.DrainGrace <= 0 {
+		cfg.DrainGrace = DefaultDrainGrace
+	}
 	if cfg.Store != nil && cfg.WorkspaceOf == nil {
 		return nil, errors.New("new host: WorkspaceOf is required with Store")
 	}
@@ -261,6 +324,8 @@ func New(cfg Config) (*Host, error) {
 		egress:         pol,
 		managerDone:    make(chan struct{}),
 		managerStopped: make(chan struct{}),
+		leases:         map[session.ID]*lease{},
+		released:       map[session.ID]uint64{},
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}
@@ -290,20 +355,25 @@ func (h *Host) Start(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, startTimeout)
 		defer cancel()
 	}
-	js, err := jetstream.New(h.cfg.NATS)
+	js, err := jetstream.New(h.cfg.NATS, jetstream.WithPublishAsyncTimeout(captureTimeout))
 	if err != nil {
 		return fmt.Errorf("start host: jetstream: %w", err)
 	}
+	h.js = js
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      h.cfg.Subjects.CatalogBucket(),
 		Description: "Atrium session catalog",
+		Replicas:    h.cfg.Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("start host: open catalog bucket %s: %w", h.cfg.Subjects.CatalogBucket(), err)
 	}
 	h.kv = kv
-	if h.owners, err = openOwners(ctx, js, h.cfg.Subjects); err != nil {
-		return fmt.Errorf("start host: open owners bucket %s: %w", h.cfg.Subjects.OwnersBucket(), err)
+	if h.owners, err = openOwners(ctx, js, &h.cfg); err != nil {
+		return fmt.Errorf("start host: %w", err)
+	}
+	if h.events, err = openEvents(ctx, js, &h.cfg); err != nil {
+		return fmt.Errorf("start host: %w", err)
 	}
 	h.catalog = newCatalogWriter(kv, h.log)
 	h.wg.Go(h.catalog.run)
@@ -383,12 +453,15 @@ func (h *Host) resume(ctx context.Context) {
 	}
 }
 
-// Close stops serving: running turns are cancelled (SIGTERM, then SIGKILL
-// after CancelGrace) and finished as cancelled, everything pending is
-// committed, history files are closed, subscriptions drained and the actor
-// system shut down. Queued prompts do not run; a session that has some stays
-// "active" in the catalog, so the next Start resumes it. If ctx ends first, sessions are stopped at once. It is
-// safe to call twice.
+// Close drains the node (the SIGTERM path): it stops taking place requests,
+// lets running turns finish for up to DrainGrace and then cancels them
+// (SIGTERM, then SIGKILL after CancelGrace; turn_finished "cancelled" after
+// an error event saying why), commits everything pending, checkpoints and
+// closes every history, releases the leases and shuts the actor system
+// down. Queued prompts do not run here: a session that has some is placed
+// again once its lease is released, so another node runs them, and stays
+// "active" in the catalog, so the next Start resumes it if no node did. If
+// ctx ends first, sessions are stopped at once. It is safe to call twice.
 func (h *Host) Close(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -402,9 +475,13 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.stopResume()
 	var errs []error
-	if err := h.place.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	switch err := h.drainPlace(); {
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected):
+		// Nothing to wait for: the subscription ended with the connection,
+		// or cannot drain while cut off.
+	case err != nil:
 		errs = append(errs, fmt.Errorf("drain place subscription: %w", err))
-	} else {
+	default:
 		waitSubClosed(ctx, h.place)
 	}
 	h.system.Root.Send(h.manager, &shutdown{})
@@ -421,6 +498,16 @@ func (h *Host) Close(ctx context.Context) error {
 	h.system.Shutdown()
 	h.closeErr = errors.Join(errs...)
 	return h.closeErr
+}
+
+// drainPlace drains the place subscription; cut off from NATS it only
+// unsubscribes (ErrDisconnected), since a drain would wait for the server.
+func (h *Host) drainPlace() error {
+	if !h.cfg.NATS.IsConnected() {
+		h.place.Unsubscribe()
+		return nats.ErrDisconnected
+	}
+	return h.place.Drain()
 }
 
 // stopWorkersLocked stops the read pool and the catalog writer (flushing it)

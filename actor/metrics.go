@@ -25,6 +25,7 @@ type metrics struct {
 	restoreBytes  prometheus.Histogram
 	restoreDur    *prometheus.HistogramVec
 	sandboxesOpen prometheus.GaugeFunc
+	leaseLost     prometheus.Counter
 }
 
 // workspaceBuckets span a few KiB to a few GiB.
@@ -77,6 +78,10 @@ func newMetrics(h *Host, reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Duration of workspace restores, by result (ok, error).",
 			Buckets: prometheus.ExponentialBuckets(0.005, 3, 10),
 		}, []string{"result"}),
+		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "atrium_node_leases_lost_total",
+			Help: "Sessions this node stopped because it lost their ownership lease (cut off from NATS, or fenced).",
+		}),
 	}
 	m.sandboxesOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "atrium_node_sandboxes_awake",
@@ -94,7 +99,7 @@ func newMetrics(h *Host, reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.active, m.activations, m.hibernations, m.appended, m.turns, m.turnDuration,
-		m.saveBytes, m.saveDuration, m.restoreBytes, m.restoreDur, m.sandboxesOpen} {
+		m.saveBytes, m.saveDuration, m.restoreBytes, m.restoreDur, m.sandboxesOpen, m.leaseLost} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -3,6 +3,8 @@ package actor
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/session"
@@ -77,4 +79,13 @@ func (h historiesAdapter[L]) Open(ctx context.Context, id session.ID) (History, 
 
 func (h historiesAdapter[L]) Remove(ctx context.Context, id session.ID) error {
 	return h.s.Remove(ctx, id)
+}
+
+// Restore replaces id's history with a checkpoint copy, if the store can.
+func (h historiesAdapter[L]) Restore(ctx context.Context, id session.ID, r io.Reader) error {
+	rs, ok := h.s.(restorer)
+	if !ok {
+		return fmt.Errorf("restore history %s: this history store cannot restore checkpoints", id)
+	}
+	return rs.Restore(ctx, id, r)
 }

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
@@ -190,29 +188,15 @@ func (r *sandboxes) close() {
 // acquireFence returns a new fencing token for id: the revision of a write
 // to the session's key in the owners bucket, which grows with every write
 // to the bucket and survives restarts of the node (JetStream keeps it).
-// Ownership leases (one per session, renewed in the same bucket) will
-// replace it; their revisions continue the same sequence.
+// Session activations take their fence from their ownership lease
+// (lease.go), whose revisions continue the same sequence; this is the
+// fallback for work outside an activation.
 func (h *Host) acquireFence(ctx context.Context, id session.ID) (int64, error) {
 	rev, err := h.owners.Put(ctx, fenceKeyPrefix+string(id), []byte(h.cfg.NodeID))
 	if err != nil {
 		return 0, fmt.Errorf("acquire fence for session %s: %w", id, err)
 	}
 	return int64(rev), nil
-}
-
-// openOwners opens (creating it if needed) the bucket fences are taken in.
-func openOwners(ctx context.Context, js jetstream.JetStream, subj session.Subjects) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, subj.OwnersBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      subj.OwnersBucket(),
-			Description: "Atrium session owners and fencing tokens",
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, subj.OwnersBucket())
-		}
-	}
-	return kv, err
 }
 
 // noteFunc reports a sandbox event (unless state is "") and, with err set,
@@ -405,18 +389,16 @@ func (h *Host) sleepBox(ctx context.Context, b *box, why string, note noteFunc) 
 }
 
 // destroyBox destroys id's sandbox and its saved workspace, for a deleted
-// session. b may have no handle: one is opened if the session had a sandbox.
-func (h *Host) destroyBox(ctx context.Context, b *box, hadSandbox bool) error {
+// session. b may have no handle: one is opened with fence (the deleting
+// activation's) if the session had a sandbox.
+func (h *Host) destroyBox(ctx context.Context, b *box, hadSandbox bool, fence int64) error {
 	var errs []error
 	sb := b.sb
 	if sb == nil && hadSandbox {
-		fence, err := h.acquireFence(ctx, b.id)
-		if err == nil {
-			spec := h.cfg.SandboxSpec
-			spec.Session, spec.Fence = b.id, fence
-			sb, err = h.cfg.Provider.Open(ctx, spec)
-		}
-		if err != nil {
+		spec := h.cfg.SandboxSpec
+		spec.Session, spec.Fence = b.id, fence
+		var err error
+		if sb, err = h.cfg.Provider.Open(ctx, spec); err != nil {
 			errs = append(errs, fmt.Errorf("open sandbox to destroy it: %w", err))
 		}
 	}

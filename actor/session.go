@@ -82,15 +82,28 @@ type (
 	closedMsg   struct{}
 	deletedMsg  struct{}
 	catalogTick struct{}
+	// leaseLost: the lease could not be renewed in time, or a newer
+	// owner fenced a checkpoint; the session stops at once.
+	leaseLost struct{ why string }
+	// checkpointTick: CheckpointInterval passed while active.
+	checkpointTick struct{}
+	// checkpointDone: a periodic checkpoint ended; seq is what it covered.
+	checkpointDone struct {
+		seq session.Seq
+		err error
+	}
+	// drainExpired: DrainGrace passed since the host began closing.
+	drainExpired struct{}
 )
 
 // handoff carries what an opening or subscribing goroutine produced to the
 // actor; if the actor is torn down first, teardown releases it.
 type handoff struct {
-	hist History
-	sub  *nats.Subscription
-	open *openResult
-	err  error
+	lease *lease
+	hist  History
+	sub   *nats.Subscription
+	open  *openResult
+	err   error
 }
 
 // openResult is what activation learned from the history.
@@ -167,8 +180,23 @@ type sessionActor struct {
 	// op is the sandbox op running outside turns (putting it to sleep);
 	// turns wait for it.
 	op *boxOp
-	// fence is this activation's fencing token; 0 until a turn takes one.
+	// lease is this activation's ownership lease; fence its fencing
+	// token, given to the sandbox, workspace saves and checkpoints.
+	lease *lease
 	fence int64
+	// lost: the lease was lost; the actor stopped serving at once.
+	lost bool
+	// ckptTimer runs while active; ckptRunning while a periodic
+	// checkpoint is written; ckptSeq is the last seq checkpointed.
+	ckptTimer   *time.Timer
+	ckptRunning bool
+	ckptSeq     session.Seq
+	// drainTimer cancels the running turn DrainGrace after the host began
+	// closing.
+	drainTimer *time.Timer
+	// closing is the committer that close stops off the actor; the lease
+	// lost meanwhile aborts it.
+	closing *committer
 	// sleepDue is the generation of a sleep timer that fired; 0 if none.
 	sleepDue uint64
 	// shutdownSlept: the sandbox was put to sleep for the host's shutdown.
@@ -255,6 +283,17 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case *catalogTick:
 		s.catalogTimer = nil
 		s.catalogChanged()
+	case *leaseLost:
+		s.onLeaseLost(ctx, m.why)
+	case *checkpointTick:
+		s.ckptTimer = nil
+		s.startCheckpoint()
+	case *checkpointDone:
+		s.onCheckpointDone(ctx, m)
+	case *drainExpired:
+		if s.runner != nil {
+			s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
+		}
 	case *closedMsg:
 		s.passivate(ctx)
 	case *deletedMsg:
@@ -389,7 +428,12 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
 		defer cancel()
 		var ho *handoff
-		if create != nil {
+		// The lease comes first: only its holder may subscribe (a second
+		// responder would answer the owner's requests) or touch the file.
+		l, err := s.h.acquireLease(ctx, s.id, func() { s.send(&leaseLost{why: "it could not be renewed in time"}) })
+		if err != nil {
+			ho = &handoff{err: err}
+		} else if create != nil {
 			ho = s.create(ctx, create)
 			if ho.err == nil {
 				ho.sub, ho.err = s.subscribe(ctx, subject, self)
@@ -411,7 +455,7 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 			})
 			// Local SQLite reads: a cancellable context would cost modernc
 			// a goroutine per statement (see storage/sqlite's doc).
-			ho = s.open(context.WithoutCancel(ctx))
+			ho = s.open(context.WithoutCancel(ctx), l)
 			r := <-subC
 			if ho.err == nil {
 				ho.sub, ho.err = r.sub, r.err
@@ -422,6 +466,11 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		if ho.err != nil && ho.hist != nil {
 			ho.hist.Close()
 			ho.hist = nil
+		}
+		if ho.err != nil {
+			l.release(context.WithoutCancel(ctx))
+		} else {
+			ho.lease = l
 		}
 		s.mu.Lock()
 		s.handoff = ho
@@ -477,6 +526,9 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 	if err := hist.Append(ctx, []session.Stored{ev}); err != nil {
 		return fail(fmt.Errorf("create session %s: %w", s.id, err))
 	}
+	if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, []session.Stored{ev}, &m); err != nil {
+		return fail(fmt.Errorf("create session %s: %w", s.id, session.Errorf(session.CodeUnavailable, "%v", err)))
+	}
 	entry := catalogEntry(m, 1, session.StateActive, session.SandboxNone)
 	b, _ := json.Marshal(entry)
 	if _, err := s.h.kv.Create(ctx, string(s.id), b); err != nil {
@@ -485,14 +537,13 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 		}
 		return fail(fmt.Errorf("create session %s: catalog: %w", s.id, err))
 	}
-	s.publish(ev.JSON)
 	return &handoff{hist: hist, open: &openResult{meta: m, last: 1, sandbox: session.SandboxNone}}
 }
 
 // open opens an existing history and, if the process stopped in the middle
 // of a turn, finishes that turn in the log before serving.
-func (s *sessionActor) open(ctx context.Context) *handoff {
-	hist, err := s.h.cfg.Histories.Open(ctx, s.id)
+func (s *sessionActor) open(ctx context.Context, l *lease) *handoff {
+	hist, err := s.bringUpToDate(ctx, l.continued)
 	if err != nil {
 		return &handoff{err: fmt.Errorf("activate session %s: %w", s.id, err)}
 	}
@@ -591,8 +642,8 @@ func (s *sessionActor) finishInterrupted(ctx context.Context, hist History, res 
 	if err := hist.Append(ctx, evs); err != nil {
 		return fmt.Errorf("finish interrupted turn %d: %w", n, err)
 	}
-	for _, ev := range evs {
-		s.publish(ev.JSON)
+	if _, err := s.h.captureEvents(ctx, s.id, res.meta.Epoch, evs, nil); err != nil {
+		return session.Errorf(session.CodeUnavailable, "finish interrupted turn %d: %v", n, err)
 	}
 	res.last += 2
 	s.log.Info("finished a turn interrupted by a stop", "turn", n)
@@ -655,7 +706,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		return
 	}
 	if ho.err != nil {
-		if !errors.Is(ho.err, session.ErrNotFound) && !errors.Is(ho.err, session.ErrConflict) {
+		if !errors.Is(ho.err, session.ErrNotFound) && !errors.Is(ho.err, session.ErrConflict) && !errors.Is(ho.err, session.ErrUnavailable) {
 			s.log.Warn("activate session", "err", ho.err)
 		}
 		rep := errorReply(ho.err)
@@ -678,6 +729,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	}
 	s.info.opened.Store(true)
 	s.hist, s.sub = ho.hist, ho.sub
+	s.lease, s.fence = ho.lease, ho.lease.fence
 	s.meta, s.metaNext = ho.open.meta, ho.open.meta
 	s.durable, s.nextSeq = ho.open.last, ho.open.last+1
 	s.maxData = maxEventData(s.h.cfg.NATS)
@@ -693,6 +745,8 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.armSleep() // Its timer was lost with a previous incarnation.
 	}
 	s.committer = s.startCommitter(s.hist)
+	s.ckptSeq = -1 // Unknown: the first periodic checkpoint writes one.
+	s.armCheckpoint()
 	s.phase = phaseActive
 	s.metered = true
 	s.h.metrics.activated()
@@ -826,14 +880,37 @@ func (s *sessionActor) close(ctx proto.Context) {
 		state = session.StateActive
 	}
 	entry := s.catalogEntry(state)
+	l, fence, epoch := s.lease, s.fence, s.meta.Epoch
+	s.closing = c
+	replace := s.shutting && s.turns.Queued() > 0
+	owner := s.meta.Owner
+	s.lease = nil
+	s.stopCheckpointTimer()
 	s.spawn(func() {
 		s.readsWG.Wait()
 		c.stop()
+		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
+		defer cancel()
+		// Only what the stream has too, and only while the lease holds (a
+		// node that lost it must not write a checkpoint a new owner could
+		// restore).
+		if l.valid() && !c.uncaptured.Load() {
+			if _, err := s.h.checkpoint(ctx, s.id, epoch, hist, fence, c.acked.Load()); err != nil {
+				// The stream still holds what the checkpoint lacks.
+				s.log.Warn("checkpoint at hibernation", "err", err)
+			}
+		}
 		if err := hist.Close(); err != nil {
 			s.log.Warn("close history", "err", err)
 		}
+		l.release(ctx)
 		// Hibernated means the file is closed (and checkpointed).
 		s.h.catalog.put(entry)
+		if replace {
+			// Queued prompts run on another node: it may take the
+			// session now that the lease is free.
+			s.h.replace(s.id, owner)
+		}
 		s.send(&closedMsg{})
 	})
 	s.hist = nil
@@ -860,8 +937,10 @@ func (s *sessionActor) onShutdown(ctx proto.Context) {
 		s.phase = phasePassivating
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 	}
-	if s.runner != nil {
-		s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
+	if s.runner != nil && s.drainTimer == nil {
+		// Running turns may finish within DrainGrace; then they are
+		// cancelled.
+		s.drainTimer = time.AfterFunc(s.h.cfg.DrainGrace, func() { s.send(&drainExpired{}) })
 	}
 }
 
@@ -888,6 +967,19 @@ func (s *sessionActor) teardownNow(why string) {
 	s.h.metrics.deactivated(&s.metered)
 	s.stopIdle()
 	s.stopCatalogTimer()
+	s.stopCheckpointTimer()
+	if s.drainTimer != nil {
+		s.drainTimer.Stop()
+		s.drainTimer = nil
+	}
+	if s.lost {
+		// The stream is out of reach or fenced.
+		for _, c := range []*committer{s.committer, s.closing} {
+			if c != nil {
+				c.abort()
+			}
+		}
+	}
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 		s.sub = nil
@@ -924,6 +1016,12 @@ func (s *sessionActor) teardownNow(why string) {
 		}
 		s.hist = nil
 	}
+	if s.lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.h.cfg.LeaseTTL)
+		s.lease.release(ctx)
+		cancel()
+		s.lease = nil
+	}
 	for _, p := range s.waiting {
 		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session stopped; retry")))
 	}
@@ -934,12 +1032,6 @@ func (s *sessionActor) teardownNow(why string) {
 }
 
 // --- helpers --------------------------------------------------------------
-
-func (s *sessionActor) publish(b []byte) {
-	if err := s.h.cfg.NATS.Publish(s.h.cfg.Subjects.Events(s.id), b); err != nil {
-		s.log.Warn("publish event", "err", err)
-	}
-}
 
 func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
 	e := catalogEntry(s.meta, s.durable, state, s.sandboxState)

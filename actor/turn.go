@@ -370,7 +370,8 @@ func (r *runner) stoppedBeforeStart(req stopRequest) *turnExited {
 }
 
 func shutdownError() session.ErrorData {
-	return session.ErrorData{Code: session.CodeUnavailable, Message: "server shutting down"}
+	return session.ErrorData{Code: session.CodeUnavailable,
+		Message: "the node running this session is shutting down and the turn did not finish within its drain grace period; prompt again to continue"}
 }
 
 func (r *runner) result(exit compute.Exit, err error) *turnExited {
@@ -571,6 +572,12 @@ func (s *sessionActor) maybeStartTurn() {
 			return
 		}
 		s.emit(session.KindTurnStarted, t.Prompt.By, mustMarshal(session.TurnStartedData{Turn: t.N, PromptSeq: t.Prompt.Seq}), nil)
+		if t.Prompt.Cancelled { // cancelled while queued (OpCancel with PromptSeq): it never runs.
+			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnCancelled, ExitCode: -1}), nil)
+			s.h.metrics.turnFinished(session.TurnCancelled, 0)
+			s.turns.Finish(t.N)
+			continue
+		}
 		argv, env, err := s.harness(t)
 		if err != nil {
 			s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)

@@ -338,6 +338,9 @@ func (c chatSessions) Prompt(ctx context.Context, p session.Principal, id sessio
 	if err := validatePrompt(text, clientID); err != nil {
 		return 0, err
 	}
+	if err := c.s.checkPromptQuota(ctx, p, id); err != nil {
+		return 0, err
+	}
 	reply, err := c.do(ctx, p, id, session.ActDrive, session.Command{Op: session.OpPrompt, Text: text, ClientID: clientID})
 	if err != nil {
 		return 0, err

@@ -161,7 +161,7 @@ func (f *feed) pump(ctx context.Context, to sink) (ending, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return ending{code: websocket.StatusGoingAway, reason: reasonShutdown}, nil
+			return f.s.shutdownEnding(), nil
 		case <-f.w.q.wake:
 		}
 		items, end, heartbeat := f.w.q.take(spare)
@@ -200,7 +200,7 @@ func (f *feed) failed(err error) (ending, error) {
 	case errors.Is(err, errRevoked):
 		return ending{code: websocket.StatusPolicyViolation, reason: reasonRevoked}, nil
 	case f.s.ctx.Err() != nil:
-		return ending{code: websocket.StatusGoingAway, reason: reasonShutdown}, nil
+		return f.s.shutdownEnding(), nil
 	}
 	return closeFor(f.s, f.id, err), err
 }

@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/atriumhq/atrium/gateway/audit"
@@ -127,6 +128,19 @@ type Config struct {
 	// Channels turns on chat channels (Slack, Telegram) and signed
 	// webhooks (docs/channels.md); nil means none.
 	Channels *Channels
+	// Tasks turns on repository tasks (POST /v1/tasks, gateway/tasks.go);
+	// nil means none.
+	Tasks *Tasks
+	// Automation configures schedules and dead letters
+	// (gateway/automation.go); the zero value turns them on.
+	Automation Automation
+	// ClusterStatus, if set, answers GET /v1/cluster for tenant admins
+	// (and the dev identity) with the JSON of what it returns
+	// (`atrium cluster status`); nil: the route is 404.
+	ClusterStatus func(ctx context.Context) (any, error)
+	// Quotas caps invokes and sets the tenants' quotas (gateway/invoke.go);
+	// the zero value has the default invoke caps and no tenant quotas.
+	Quotas Quotas
 	// TracerProvider, if set, receives spans of requests and of the
 	// requests they send to nodes (gateway/trace.go); nil: no tracing.
 	TracerProvider trace.TracerProvider
@@ -165,6 +179,18 @@ type Server struct {
 	replies       *replyMux
 	batches       *sync.Pool // see batchConn
 	chans         *channels  // nil without Config.Channels
+	inv           *invokes   // invoke caps and tenant quotas
+	tasks         *tasker    // nil without Config.Tasks
+
+	// auto runs schedules and dead letters (automation.go); nil if
+	// Config.Automation.Disabled.
+	auto *automation
+
+	// cluster is Config.ClusterStatus.
+	cluster func(ctx context.Context) (any, error)
+	// draining is set by Drain: connections that end then are closed
+	// with 1012 "reconnect" (drain.go).
+	draining atomic.Bool
 
 	// ctx is cancelled by Close; connections end when it is.
 	ctx    context.Context
@@ -273,6 +299,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("gateway: register metrics: %w", err)
 	}
 	s.metrics = m
+	if s.inv, err = s.newInvokes(cfg.Quotas); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	ui := cfg.UI
 	if ui == nil {
 		ui = web.Handler()
@@ -290,12 +319,18 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/tokens", s.authed(s.listTokens))
 	mux.Handle("DELETE /v1/tokens/{id}", s.authed(s.revokeToken))
 	mux.Handle("GET /v1/audit", s.authed(s.listAudit))
+	if cfg.ClusterStatus != nil {
+		s.cluster = cfg.ClusterStatus
+		mux.Handle("GET /v1/cluster", s.authed(s.serveCluster))
+	}
 	mux.Handle("POST /v1/sessions", s.authed(s.createSession))
 	mux.Handle("GET /v1/sessions", s.authed(s.listSessions))
 	mux.Handle("GET /v1/sessions/{id}", s.authed(s.getSession))
 	mux.Handle("DELETE /v1/sessions/{id}", s.authed(s.deleteSession))
 	mux.Handle("POST /v1/sessions/{id}/messages", s.authed(s.postMessage))
 	mux.Handle("POST /v1/sessions/{id}/cancel", s.authed(s.cancelTurn))
+	mux.Handle("POST /v1/sessions/{id}/invoke", s.authed(s.invoke))
+	mux.Handle("POST /v1/sessions/{id}/invoke/cancel", s.authed(s.cancelInvoke))
 	mux.Handle("POST /v1/sessions/{id}/approvals/{aid}", s.authed(s.approve))
 	mux.Handle("PUT /v1/sessions/{id}/members/{user}", s.authed(s.putMember))
 	mux.Handle("GET /v1/sessions/{id}/secrets", s.authed(s.listSecrets))
@@ -310,6 +345,12 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("gateway: channels: %w", err)
 		}
 		s.chans = c
+	}
+	if err := s.mountAutomation(mux, cfg); err != nil {
+		return nil, err
+	}
+	if err := s.mountTasks(mux, cfg.Tasks); err != nil {
+		return nil, err
 	}
 	mux.Handle("/v1/", s.authed(s.noRoute))
 	mux.Handle("/", ui)
@@ -327,6 +368,8 @@ func New(cfg Config) (*Server, error) {
 	s.bg.Go(s.maintain)
 	s.bg.Go(s.watchCatalog)
 	s.bg.Go(s.recheckTokens)
+	s.bg.Go(s.runQuotas)
+	s.startAutomation()
 	if s.chans != nil {
 		s.chans.svc.Start()
 	}
@@ -360,7 +403,9 @@ func (s *Server) shutdown() {
 	if s.chans != nil {
 		s.chans.close()
 	}
+	s.closeTasks()
 	s.cancel(errors.New("gateway: closed"))
+	s.closeAutomation()
 	s.conns.Wait()
 	s.hub.close()
 	s.replies.close()

@@ -69,6 +69,8 @@ func natsError(err error) error {
 // the nodes to activate it and retries, if activate is set; otherwise it
 // returns errNotActive.
 func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, cmd session.Command, activate bool) (*session.Reply, error) {
+	placeDeadline := time.Now().Add(placeRetryFor)
+	placeBackoff := minPlaceBackoff
 	for attempt := 0; ; attempt++ {
 		reply, err := s.request(ctx, s.subj.Cmd(id), p, cmd)
 		if !errors.Is(err, nats.ErrNoResponders) {
@@ -87,9 +89,41 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, session.Errorf(session.CodeUnavailable, "no node is available to activate session %s: try again shortly", id)
 		}
+		if errors.Is(err, session.ErrUnavailable) && time.Now().Before(placeDeadline) {
+			// Another node holds the session's lease (it is handing the
+			// session over, or died and its lease has yet to expire), or
+			// the node that answered is shutting down: wait and retry.
+			attempt--
+			if werr := sleepCtx(ctx, placeBackoff); werr != nil {
+				return nil, natsError(werr)
+			}
+			placeBackoff = min(2*placeBackoff, maxPlaceBackoff)
+			continue
+		}
 		if err != nil {
 			return nil, natsError(err)
 		}
+	}
+}
+
+// Retrying a place request that a node answered unavailable (lease held
+// elsewhere, node shutting down): for at most placeRetryFor, longer than a
+// node's default lease TTL plus a takeover's restore, with backoff.
+const (
+	placeRetryFor   = 10 * time.Second
+	minPlaceBackoff = 50 * time.Millisecond
+	maxPlaceBackoff = time.Second
+)
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

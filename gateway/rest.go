@@ -160,6 +160,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.P
 		s.fail(w, r, err)
 		return
 	}
+	if err := s.checkPromptQuota(r.Context(), p, id); err != nil { // tenant quotas (invoke.go)
+		s.refuse(w, r, err)
+		return
+	}
 	reply, err := s.do(r, p, id, session.ActDrive, session.Command{
 		Op: session.OpPrompt, Text: body.Text, ClientID: body.ClientID,
 	})

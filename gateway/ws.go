@@ -262,6 +262,12 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 			c.reply(errorFrame(err, cid))
 			return
 		}
+		// Tenant quotas (invoke.go) hold for every way a prompt arrives;
+		// without quotas this returns at once.
+		if err := c.s.checkPromptQuota(c.s.ctx, c.p, c.id); err != nil {
+			c.reply(errorFrame(err, cid))
+			return
+		}
 		cmd = session.Command{Op: session.OpPrompt, Text: f.Text, ClientID: f.ClientID}
 	case session.FrameCancel:
 		cmd = session.Command{Op: session.OpCancel}

@@ -1,6 +1,9 @@
 package session
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // DefaultPrefix is the default NATS subject prefix.
 const DefaultPrefix = "atrium"
@@ -67,7 +70,7 @@ type Op string
 // Command ops on the Cmd subject.
 const (
 	OpPrompt  Op = "prompt"  // Text, ClientID → Seq
-	OpCancel  Op = "cancel"  // → ok
+	OpCancel  Op = "cancel"  // PromptSeq? → ok
 	OpApprove Op = "approve" // ApprovalID, Allow → ok
 	OpHistory Op = "history" // After, Limit, MaxBytes → Events, LastSeq, Epoch, More
 	OpInfo    Op = "info"    // → Session (Role of the caller)
@@ -82,6 +85,9 @@ const (
 	// OpEgress replaces the session's own egress allowlist with Egress
 	// (owner) → Session. It takes effect when the sandbox is next opened.
 	OpEgress Op = "egress"
+	// OpPROpened records that a pull request was opened for the session's
+	// work (driver): PR → ok, once the pr_opened event is durable.
+	OpPROpened Op = "pr_opened"
 )
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in
@@ -104,6 +110,12 @@ type Command struct {
 	Value string `json:"value,omitempty"`
 	// Egress is the allowlist of OpEgress.
 	Egress []string `json:"egress,omitempty"`
+	// PromptSeq, on OpCancel, cancels only the turn of the prompt at that
+	// seq, whether it runs or still waits in the queue (see
+	// Turns.CancelPrompt); zero cancels the running turn.
+	PromptSeq Seq `json:"prompt_seq,omitempty"`
+	// PR is the pull request of OpPROpened.
+	PR *PROpenedData `json:"pr,omitempty"`
 }
 
 // DefaultHistoryMaxBytes keeps a history reply well under NATS's default
@@ -162,4 +174,31 @@ type PlaceRequest struct {
 type PresenceMessage struct {
 	Gateway  string    `json:"gateway"`
 	Watchers []Watcher `json:"watchers"`
+}
+
+// Meta is where the owner publishes id's metadata (Meta, secrets included)
+// after each change; the events stream captures it so that a node taking
+// the session over restores metadata changed since the last checkpoint.
+// Only nodes may read it: it carries secrets.
+func (s Subjects) Meta(id ID) string { return s.p() + ".session." + string(id) + ".meta" }
+
+// EventsStream is the JetStream stream that captures every session's Events
+// and Meta subjects, e.g. ATRIUM_EVENTS.
+func (s Subjects) EventsStream() string { return strings.ToUpper(s.p()) + "_EVENTS" }
+
+// AllEvents and AllMeta are the EventsStream's subjects.
+func (s Subjects) AllEvents() string { return s.p() + ".session.*.events" }
+
+// AllMeta is the wildcard of every session's Meta subject.
+func (s Subjects) AllMeta() string { return s.p() + ".session.*.meta" }
+
+// LeaseKey is id's ownership lease key in the OwnersBucket.
+func LeaseKey(id ID) string { return "lease." + string(id) }
+
+// Lease is the value of a LeaseKey: the node that owns the session and when
+// it acquired it. The entry's revision when acquired is the owner's fencing
+// token.
+type Lease struct {
+	Node     string `json:"node"`
+	Acquired Time   `json:"acquired"`
 }

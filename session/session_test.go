@@ -174,6 +174,34 @@ func TestTurns(t *testing.T) {
 	}
 }
 
+func TestTurns_CancelPrompt(t *testing.T) {
+	var q Turns
+	q.Enqueue(Prompt{Seq: 10, Text: "a"})
+	q.Enqueue(Prompt{Seq: 11, Text: "b"})
+	q.Enqueue(Prompt{Seq: 12, Text: "c"})
+	if _, ok := q.Next(); !ok {
+		t.Fatal("no first turn")
+	}
+	if turn, err := q.CancelPrompt(11); err != nil || turn != nil {
+		t.Fatalf("CancelPrompt(queued) = %v, %v", turn, err)
+	}
+	if turn, err := q.CancelPrompt(10); err != nil || turn == nil || turn.N != 1 || !turn.Cancelled {
+		t.Fatalf("CancelPrompt(running) = %+v, %v", turn, err)
+	}
+	if _, err := q.CancelPrompt(9); !errors.Is(err, ErrConflict) {
+		t.Fatalf("CancelPrompt(unknown) = %v", err)
+	}
+	q.Finish(1)
+	second, _ := q.Next()
+	if second.Prompt.Seq != 11 || !second.Prompt.Cancelled {
+		t.Fatalf("second turn = %+v: want the cancelled prompt 11", second)
+	}
+	q.Finish(2)
+	if third, _ := q.Next(); third.Prompt.Seq != 12 || third.Prompt.Cancelled {
+		t.Fatalf("third turn = %+v: want prompt 12, not cancelled", third)
+	}
+}
+
 func TestHarness_JSON(t *testing.T) {
 	var h Harness
 	if err := json.Unmarshal([]byte(`"shell"`), &h); err != nil || h.Template != "shell" {

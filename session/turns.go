@@ -5,6 +5,9 @@ type Prompt struct {
 	Seq  Seq // seq of the message event
 	Text string
 	By   string
+	// Cancelled is set by CancelPrompt while the prompt waits: its turn
+	// starts and at once finishes cancelled, without running.
+	Cancelled bool
 }
 
 // Turn is the running turn.
@@ -72,6 +75,25 @@ func (t *Turns) Cancel() (*Turn, error) {
 	}
 	t.running.Cancelled = true
 	return t.running, nil
+}
+
+// CancelPrompt cancels the turn of the prompt at seq: the running turn if it
+// is that prompt's (returned, marked cancelled), or the queued prompt, which
+// is marked so that its turn finishes cancelled without running (nil
+// returned). It returns an error wrapping ErrConflict when the prompt is
+// neither running nor queued: its turn has finished, or it is no prompt.
+func (t *Turns) CancelPrompt(seq Seq) (*Turn, error) {
+	if t.running != nil && t.running.Prompt.Seq == seq {
+		t.running.Cancelled = true
+		return t.running, nil
+	}
+	for i := range t.queue {
+		if t.queue[i].Seq == seq {
+			t.queue[i].Cancelled = true
+			return nil, nil
+		}
+	}
+	return nil, Errorf(CodeConflict, "the prompt at seq %d is neither running nor queued", seq)
 }
 
 // RequestApproval records that turn n waits for an answer to approval id.

@@ -85,6 +85,7 @@ in docs/benchmarks.md.`,
 					DataDir:         o.DataDir,
 					HibernateAfter:  o.HibernateAfter,
 					UnsafeNoSandbox: unsafe,
+					DrainGrace:      time.Second, // a benchmark's held turns need not finish
 					Logger:          o.Logger,
 				})
 			}

@@ -36,9 +36,6 @@ func TestBench_CLI(t *testing.T) {
 			t.Errorf("%s %s: %s", r.Scenario, r.Measure, r.Error)
 		}
 		seen[r.Scenario] = true
-		if r.Measure == "server RSS per idle WebSocket watcher" && r.Value == 0 {
-			t.Errorf("per-watcher memory is 0: the watcher process did not run")
-		}
 	}
 	for _, s := range []string{"fanout", "memory", "resume"} {
 		if !seen[s] {
@@ -47,6 +44,11 @@ func TestBench_CLI(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "fanout ws: opened 10 WebSockets") {
 		t.Errorf("no progress lines on stderr:\n%s", stderr.String())
+	}
+	// The RSS a few watchers add may round to nothing; that the child
+	// process opened them all is what proves the wiring.
+	if !strings.Contains(stderr.String(), "memory: 10 idle watchers open in a child process") {
+		t.Errorf("the memory scenario's watcher process did not open its WebSockets:\n%s", stderr.String())
 	}
 }
 

@@ -32,6 +32,7 @@ func clientCommands(env *cliEnv) []*cobra.Command {
 		newNewCmd(env),
 		newLsCmd(env),
 		newSendCmd(env),
+		newInvokeCmd(env),
 		newLogsCmd(env),
 		newAttachCmd(env),
 		newCancelCmd(env),
@@ -45,6 +46,9 @@ func clientCommands(env *cliEnv) []*cobra.Command {
 		newWhoamiCmd(env),
 		newTokenCmd(env),
 		newAuditCmd(env),
+		newTaskCmd(env),
+		newScheduleCmd(env),
+		newDLQCmd(env),
 	}
 	for _, c := range cmds {
 		setFlagErrors(c)

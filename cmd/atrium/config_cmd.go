@@ -39,7 +39,7 @@ See docs/configuration.md for every setting and its default.`,
 			if err := f.Validate(dev); err != nil {
 				return fmt.Errorf("%s is not valid:\n%w", args[0], err)
 			}
-			fmt.Fprintf(env.stdout, "# %s is valid. Effective configuration (secrets redacted):\n%s", args[0], out)
+			fmt.Fprintf(env.stdout, "# %s is valid.\n# This process runs: %s.\n# Effective configuration (secrets redacted):\n%s", args[0], rolesDetail(f), out)
 			return nil
 		},
 	}

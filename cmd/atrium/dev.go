@@ -11,11 +11,16 @@ import (
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
 )
 
+// DevDrainGrace is how long `atrium dev` lets running turns finish on Ctrl-C
+// (unless a configuration sets node.drain_grace).
+const DevDrainGrace = 2 * time.Second
+
 func newDevCmd(env *cliEnv) *cobra.Command {
 	var (
 		path                           string
 		listen, data                   string
 		hibernate, turnTimeout, cancel time.Duration
+		drain                          time.Duration
 		unsafe, verbose                bool
 	)
 	cmd := &cobra.Command{
@@ -31,12 +36,17 @@ addresses only. Do not expose a dev server to a network. If a configuration
 (--config, or ATRIUM_* variables such as ATRIUM_AUTH_MODE=oidc) chooses another
 auth.mode, that is used instead and the dev identity is off.
 
-Ctrl-C stops it cleanly: running turns are cancelled and recorded, every
-acknowledged event is on disk, files are closed.`,
+A configuration may also give roles and an external NATS cluster (nats.urls):
+deploy/cluster/ runs its gateways this way, with the dev identity, next to
+nodes run by 'atrium serve' (see docs/scale-out.md).
+
+Ctrl-C stops it cleanly: running turns get --drain-grace to finish, then are
+cancelled and recorded, every acknowledged event is on disk, files are closed.`,
 		Example: `  atrium dev
   atrium dev --listen 127.0.0.1:9000 --data /var/tmp/atrium --hibernate-after 1m
   atrium dev --unsafe-no-sandbox   # no bubblewrap: harnesses run unisolated
-  atrium dev --config oidc.yaml    # log in through an OIDC provider instead`,
+  atrium dev --config oidc.yaml    # log in through an OIDC provider instead
+  atrium dev --config deploy/cluster/gateway-1.yaml   # a dev gateway of a local cluster`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := config.Load(path, env.getenv)
@@ -58,6 +68,11 @@ acknowledged event is on disk, files are closed.`,
 			}
 			if flags.Changed("cancel-grace") {
 				f.Node.CancelGrace = cancel
+			}
+			// Ctrl-C on a dev server should not wait long for turns: its
+			// short drain applies unless a file or the environment set one.
+			if flags.Changed("drain-grace") || path == "" && env.getenv("ATRIUM_NODE_DRAIN_GRACE") == "" {
+				f.Node.DrainGrace = drain
 			}
 			if unsafe {
 				f.Sandbox.UnsafeNoSandbox = true
@@ -87,6 +102,7 @@ acknowledged event is on disk, files are closed.`,
 	f.DurationVar(&hibernate, "hibernate-after", server.DefaultHibernateAfter, "idle time after which a session hibernates (closes its files and stops its actor)")
 	f.DurationVar(&turnTimeout, "turn-timeout", server.DefaultTurnTimeout, "longest a turn may run before it is stopped with status timeout")
 	f.DurationVar(&cancel, "cancel-grace", config.DefaultCancelGrace, "time a cancelled turn gets between SIGTERM and SIGKILL")
+	f.DurationVar(&drain, "drain-grace", DevDrainGrace, "time running turns get to finish on Ctrl-C before they are cancelled (node.drain_grace)")
 	f.BoolVar(&unsafe, "unsafe-no-sandbox", false, "run harnesses without bubblewrap isolation (only if you trust every prompt)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd

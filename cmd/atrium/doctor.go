@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/config"
@@ -41,10 +42,12 @@ func newDoctorCmd(env *cliEnv) *cobra.Command {
 		Use:   "doctor",
 		Short: "Check a configuration and this machine before running Atrium",
 		Long: `Check a configuration file (as 'atrium config check' does) and the environment
-'atrium serve' would run in: bubblewrap can create a sandbox, cgroup controllers
-for sandbox limits, the data directory and the embedded NATS store are writable,
-the object store (directory or S3) accepts a probe object, the OIDC issuer
-answers discovery, and the listen address is free.
+'atrium serve' would run in, for the process's roles: bubblewrap can create a
+sandbox and cgroup controllers exist for sandbox limits (node), the data
+directory is writable, the embedded NATS store is writable or the external NATS
+cluster answers with JetStream, the object store (directory or S3) accepts a
+probe object (node), the OIDC issuer answers discovery (gateway), and the
+listen address is free.
 
 Each check prints ✓ or ✗, and every ✗ says what to do. Exit status 1 if any
 check fails. Nothing is changed, except a probe object put and deleted again.`,
@@ -113,12 +116,13 @@ func runDoctor(ctx context.Context, path string, dev bool, getenv func(string) s
 		cfgCheck = doctorCheck{Name: "config", Detail: strings.ReplaceAll(err.Error(), "\n", "; "),
 			Fix: "correct the settings named; 'atrium config check FILE' prints the effective configuration"}
 	}
-	checks := []doctorCheck{cfgCheck}
+	checks := []doctorCheck{cfgCheck, {Name: "roles", OK: true, Detail: rolesDetail(f)}}
 	dataDir, err := filepath.Abs(f.DataDir)
 	if err != nil {
 		dataDir = f.DataDir
 	}
-	if f.Sandbox.Provider == "" || f.Sandbox.Provider == server.ProviderLocal {
+	node := f.HasRole(config.RoleNode)
+	if node && (f.Sandbox.Provider == "" || f.Sandbox.Provider == server.ProviderLocal) {
 		if f.Sandbox.UnsafeNoSandbox {
 			checks = append(checks, doctorCheck{Name: "bubblewrap", OK: true,
 				Detail: "not used: sandbox.unsafe_no_sandbox runs harnesses WITHOUT isolation"})
@@ -127,13 +131,73 @@ func runDoctor(ctx context.Context, path string, dev bool, getenv func(string) s
 		}
 		checks = append(checks, checkCgroups(f.Sandbox))
 	}
-	checks = append(checks, checkWritable("data dir", dataDir), checkWritable("nats store", filepath.Join(dataDir, "nats")))
-	checks = append(checks, checkStore(ctx, f, dataDir))
-	if f.Auth.Mode == config.AuthOIDC {
+	checks = append(checks, checkWritable("data dir", dataDir))
+	if len(f.NATS.URLs) == 0 {
+		checks = append(checks, checkWritable("nats store", filepath.Join(dataDir, "nats")))
+	} else {
+		checks = append(checks, checkNATS(ctx, f))
+	}
+	if node {
+		checks = append(checks, checkStore(ctx, f, dataDir))
+	}
+	if f.Auth.Mode == config.AuthOIDC && f.HasRole(config.RoleGateway) {
 		checks = append(checks, checkIssuer(ctx, f.Auth.OIDC.Issuer))
 	}
 	checks = append(checks, checkListen(f.Listen))
 	return checks
+}
+
+// rolesDetail says what a process with f's roles runs.
+func rolesDetail(f *config.File) string {
+	var what []string
+	if f.HasRole(config.RoleGateway) {
+		what = append(what, "gateway (clients, web UI)")
+	}
+	if f.HasRole(config.RoleNode) {
+		what = append(what, "node (sessions, sandboxes)")
+	}
+	nats := "embedded NATS"
+	if len(f.NATS.URLs) > 0 {
+		nats = fmt.Sprintf("NATS at %s, %d replicas", strings.Join(f.NATS.URLs, ", "), f.NATS.Replicas)
+	}
+	return fmt.Sprintf("%s as node id %s; %s", strings.Join(what, " + "), f.Node.ID, nats)
+}
+
+// checkNATS connects to the external NATS cluster of f and asks JetStream
+// for the account's limits.
+func checkNATS(ctx context.Context, f *config.File) doctorCheck {
+	c := doctorCheck{Name: "nats"}
+	n := f.NATS
+	nc, err := server.ConnectNATS(server.NATS{
+		URLs: n.URLs, CredsFile: n.Creds, NKeyFile: n.NKey, User: n.User, Password: n.Password,
+		CAFile: n.TLS.CA, CertFile: n.TLS.Cert, KeyFile: n.TLS.Key, Name: n.Name + "-doctor",
+	}, nil)
+	if err != nil {
+		c.Detail = err.Error()
+		c.Fix = "start the NATS cluster (deploy/nats/) or correct nats.urls, and check nats.creds / nats.tls"
+		return c
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, doctorTimeout)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err == nil {
+		var ai *jetstream.AccountInfo
+		if ai, err = js.AccountInfo(ctx); err == nil {
+			c.OK = true
+			c.Detail = fmt.Sprintf("connected to %s (%s); JetStream storage %s used of %s", nc.ConnectedServerName(),
+				nc.ConnectedUrlRedacted(), fmtBytes(int64(ai.Store)), fmtLimit(ai.Limits.MaxStore))
+			if known := len(nc.Servers()); n.Replicas > known {
+				c.OK = false
+				c.Detail += fmt.Sprintf("; but nats.replicas is %d and only %d servers are known", n.Replicas, known)
+				c.Fix = fmt.Sprintf("run a cluster of at least %d servers, or lower nats.replicas", n.Replicas)
+			}
+			return c
+		}
+	}
+	c.Detail = fmt.Sprintf("connected to %s, but JetStream does not answer: %v", nc.ConnectedServerName(), err)
+	c.Fix = "enable JetStream on the NATS servers (jetstream {} in their config; see deploy/nats/) and give this account access"
+	return c
 }
 
 // checkBubblewrap runs a trivial command in a bubblewrap sandbox with the

@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
 )
 
 // doctor runs `atrium doctor args…` and returns its stdout and error.
@@ -49,7 +52,7 @@ func TestDoctor_AllGood(t *testing.T) {
 	for _, c := range checks {
 		got[c.Name] = c
 	}
-	for _, name := range []string{"config", "bubblewrap", "cgroups", "data dir", "nats store", "object store", "listen"} {
+	for _, name := range []string{"config", "roles", "bubblewrap", "cgroups", "data dir", "nats store", "object store", "listen"} {
 		c, ok := got[name]
 		if !ok || !c.OK {
 			t.Errorf("check %q = %+v (present %v), want ok", name, c, ok)
@@ -60,7 +63,7 @@ func TestDoctor_AllGood(t *testing.T) {
 	}
 	// The text form: one ✓ line per check and a summary.
 	text, err := doctor(t, "--config", p)
-	if err != nil || strings.Count(text, "✓ ") != len(checks) || !strings.Contains(text, "All 7 checks passed.") {
+	if err != nil || strings.Count(text, "✓ ") != len(checks) || !strings.Contains(text, "All 8 checks passed.") {
 		t.Errorf("doctor text output (err %v):\n%s", err, text)
 	}
 }
@@ -113,5 +116,42 @@ func TestDoctor_BadFile(t *testing.T) {
 	out, err := doctor(t, "--config", p)
 	if err == nil || !strings.Contains(out, "✗ config") || !strings.Contains(out, "docs/configuration.md") {
 		t.Errorf("doctor of a malformed file: err %v\n%s", err, out)
+	}
+}
+
+// TestDoctor_Roles: a gateway-only process is checked against its external
+// NATS (and not for sandboxes or the object store); an unreachable NATS says
+// what to fix.
+func TestDoctor_Roles(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{ServerName: "nats-doctor", Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	p := writeConfig(t, "listen: 127.0.0.1:0\ndata_dir: "+t.TempDir()+"\nauth: {mode: tokens}\nroles: [gateway]\nnode: {id: gw-1}\nnats: {urls: ['"+ns.ClientURL()+"']}\n")
+	out, err := doctor(t, "--config", p)
+	if err != nil {
+		t.Fatalf("doctor: %v\n%s", err, out)
+	}
+	for _, want := range []string{"✓ roles         gateway (clients, web UI) as node id gw-1; NATS at " + ns.ClientURL(), "✓ nats          connected to nats-doctor"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, absent := range []string{"bubblewrap", "object store", "nats store"} {
+		if strings.Contains(out, absent) {
+			t.Errorf("a gateway-only process was checked for %s:\n%s", absent, out)
+		}
+	}
+
+	p = writeConfig(t, "listen: 127.0.0.1:0\ndata_dir: "+t.TempDir()+"\nauth: {mode: tokens}\nroles: [gateway]\nnats: {urls: ['nats://127.0.0.1:1'], replicas: 3}\n")
+	out, err = doctor(t, "--config", p)
+	if err == nil || !strings.Contains(out, "✗ nats          connect to NATS at nats://127.0.0.1:1") || !strings.Contains(out, "fix: start the NATS cluster") {
+		t.Errorf("doctor with NATS down: err %v\n%s", err, out)
 	}
 }

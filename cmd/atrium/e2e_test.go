@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -37,6 +38,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// Local sandboxes with an egress allowlist run this test binary as
+	// their forwarder, as they run the atrium binary (tasks_e2e_test.go).
+	if egress.IsForwarder(os.Args) {
+		syscall.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr)) // skips the race detector's pause at exit
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,17 +24,26 @@ func newServeCmd(env *cliEnv) *cobra.Command {
 		Use:   "serve",
 		Short: "Run Atrium from a configuration file, with authentication",
 		Long: `Run Atrium as configured by a YAML file (and ATRIUM_* environment overrides; see
-docs/configuration.md): the gateway, a node, an embedded NATS server and the
-configured sandboxes and object store, in one process.
+docs/configuration.md).
+
+By default one process runs everything: the gateway, a node, an embedded NATS
+server and the configured sandboxes and object store. To scale out, run several
+processes sharing an external NATS cluster (nats.urls) and an S3 object store, each
+with its roles: 'roles: [gateway]' serves clients (REST, SSE, WebSocket, web UI)
+and holds no session state; 'roles: [node]' hosts session actors and sandboxes and
+serves only /healthz, /readyz and /metrics. See docs/scale-out.md.
 
 Unlike 'atrium dev', serve never runs without authentication: the file must choose
 auth.mode oidc (an OpenID Connect provider; see docs/auth.md) or tokens (API tokens
 only). Check a file first with 'atrium config check FILE'.
 
-SIGTERM or Ctrl-C stops it cleanly.`,
+SIGTERM or Ctrl-C stops it gracefully: a gateway closes WebSockets with 1012
+"reconnect" so clients resume on another gateway; a node lets running turns finish
+for node.drain_grace, then cancels them and hands its sessions off.`,
 		Example: `  atrium serve --config /etc/atrium/atrium.yaml
   ATRIUM_AUTH_COOKIE_KEY=$(cat /run/secrets/cookie_key) atrium serve --config atrium.yaml
-  ATRIUM_AUTH_MODE=tokens ATRIUM_LISTEN=0.0.0.0:7080 atrium serve`,
+  ATRIUM_AUTH_MODE=tokens ATRIUM_LISTEN=0.0.0.0:7080 atrium serve
+  ATRIUM_ROLES=node ATRIUM_NODE_ID=node-a ATRIUM_NATS_URLS=nats://nats:4222 atrium serve -c atrium.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := config.Load(path, env.getenv)
@@ -57,16 +67,27 @@ SIGTERM or Ctrl-C stops it cleanly.`,
 // serverConfig turns a validated configuration into the server's.
 func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (server.Config, error) {
 	cfg := server.Config{
-		Listen:          f.Listen,
-		DataDir:         f.DataDir,
-		HibernateAfter:  f.Node.HibernateAfter,
-		TurnTimeout:     f.Node.TurnTimeout,
-		CancelGrace:     f.Node.CancelGrace,
-		UnsafeNoSandbox: f.Sandbox.UnsafeNoSandbox,
-		AuthMode:        f.Auth.Mode,
-		PublicURL:       f.PublicURL,
-		AllowedOrigins:  f.AllowedOrigins,
-		Logger:          newLogger(logTo, f.Log.Format, f.Log.Level),
+		Roles: f.Roles,
+		NATS: server.NATS{
+			URLs: f.NATS.URLs, CredsFile: f.NATS.Creds, NKeyFile: f.NATS.NKey, User: f.NATS.User, Password: f.NATS.Password,
+			CAFile: f.NATS.TLS.CA, CertFile: f.NATS.TLS.Cert, KeyFile: f.NATS.TLS.Key,
+			Replicas: f.NATS.Replicas, Name: f.NATS.Name,
+		},
+		NodeID:             f.Node.ID,
+		LeaseTTL:           f.Node.LeaseTTL,
+		DrainGrace:         f.Node.DrainGrace,
+		CheckpointInterval: f.Node.CheckpointInterval,
+		Version:            buildVersion(),
+		Listen:             f.Listen,
+		DataDir:            f.DataDir,
+		HibernateAfter:     f.Node.HibernateAfter,
+		TurnTimeout:        f.Node.TurnTimeout,
+		CancelGrace:        f.Node.CancelGrace,
+		UnsafeNoSandbox:    f.Sandbox.UnsafeNoSandbox,
+		AuthMode:           f.Auth.Mode,
+		PublicURL:          f.PublicURL,
+		AllowedOrigins:     f.AllowedOrigins,
+		Logger:             newLogger(logTo, f.Log.Format, f.Log.Level),
 		Sandbox: server.Sandbox{
 			Provider:     f.Sandbox.Provider,
 			MemoryBytes:  f.Sandbox.MemoryBytes,
@@ -117,6 +138,11 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		return cfg, err
 	}
 	cfg.Channels = ch
+	if cfg.Tasks, err = f.Tasks.Gateway(getenv); err != nil { // repository tasks (H5)
+		return cfg, err
+	}
+	cfg.Quotas = f.Quotas.Gateway() // invoke caps and tenant quotas (H3)
+	cfg.Automation = f.Automation.Gateway()
 	return cfg, nil
 }
 
@@ -132,6 +158,10 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
+// shutdownMargin is how long a stopping process may take beyond the node's
+// drain grace (checkpoints, workspace saves, handing sessions off).
+const shutdownMargin = 30 * time.Second
+
 // runServer starts the server, prints how to reach it, and stops it cleanly
 // when ctx ends.
 func runServer(ctx context.Context, env *cliEnv, cfg server.Config) error {
@@ -140,8 +170,11 @@ func runServer(ctx context.Context, env *cliEnv, cfg server.Config) error {
 		return err
 	}
 	url := srv.URL()
-	switch srv.AuthMode() {
-	case server.AuthDev:
+	switch {
+	case !srv.IsGateway():
+		fmt.Fprintf(env.stdout, "\nAtrium node %s is running (roles: %s)\n  data:   %s\n  health: %s/healthz, %s/readyz, %s/metrics\n\nPress Ctrl-C to stop (it drains: turns get %v to finish).\n",
+			srv.NodeID(), strings.Join(srv.Roles(), ", "), srv.DataDir(), url, url, url, drainGrace(cfg))
+	case srv.AuthMode() == server.AuthDev:
 		fmt.Fprintf(env.stdout, `
 Atrium dev server is running at %s
   data:  %s
@@ -156,25 +189,44 @@ Try it (in another terminal):
 
 Press Ctrl-C to stop.
 `, url, srv.DataDir(), url, url)
-	case server.AuthOIDC:
+	case srv.AuthMode() == server.AuthOIDC:
 		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (public URL %s)\n  data:  %s\n  login: %s/auth/login (OIDC %s)\n  CLI:   atrium login --server %s\n\nPress Ctrl-C to stop.\n",
 			url, srv.PublicURL(), srv.DataDir(), srv.PublicURL(), cfg.OIDC.Issuer, srv.PublicURL())
 	default:
 		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (API tokens only)\n  data:  %s\n\nPress Ctrl-C to stop.\n", url, srv.DataDir())
 	}
-	if srv.Unsafe() {
-		fmt.Fprintln(env.stdout, "\n  WARNING: unsafe_no_sandbox: harnesses run WITHOUT isolation on this machine.")
-	} else if _, err := exec.LookPath("bwrap"); err != nil {
-		fmt.Fprintln(env.stdout, "\n  WARNING: bubblewrap (bwrap) is not installed, so turns will fail until you install it:\n"+
-			"    apt-get install bubblewrap    (or set sandbox.unsafe_no_sandbox / --unsafe-no-sandbox to run harnesses without isolation)")
+	if srv.IsGateway() && srv.IsNode() {
+		// One process: nothing to say about roles.
+	} else if srv.IsGateway() {
+		fmt.Fprintf(env.stdout, "  roles: gateway only (node id %s); sessions run on the cluster's nodes\n", srv.NodeID())
+	}
+	if srv.IsNode() {
+		if srv.Unsafe() {
+			fmt.Fprintln(env.stdout, "\n  WARNING: unsafe_no_sandbox: harnesses run WITHOUT isolation on this machine.")
+		} else if _, err := exec.LookPath("bwrap"); err != nil && cfg.Sandbox.Provider != server.ProviderRemote {
+			fmt.Fprintln(env.stdout, "\n  WARNING: bubblewrap (bwrap) is not installed, so turns will fail until you install it:\n"+
+				"    apt-get install bubblewrap    (or set sandbox.unsafe_no_sandbox / --unsafe-no-sandbox to run harnesses without isolation)")
+		}
 	}
 	<-ctx.Done()
-	fmt.Fprintln(env.stderr, "shutting down: cancelling running turns and closing files…")
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	if srv.IsNode() {
+		fmt.Fprintf(env.stderr, "shutting down: draining (turns get up to %v to finish), handing sessions off, closing files…\n", drainGrace(cfg))
+	} else {
+		fmt.Fprintln(env.stderr, "shutting down: closing WebSockets with \"reconnect\" so clients resume elsewhere…")
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainGrace(cfg)+shutdownMargin)
 	defer cancel()
 	if err := srv.Close(shutdownCtx); err != nil {
 		return fmt.Errorf("shut down: %w", err)
 	}
 	fmt.Fprintln(env.stderr, "stopped cleanly")
 	return nil
+}
+
+// drainGrace is the node's drain grace of cfg.
+func drainGrace(cfg server.Config) time.Duration {
+	if cfg.DrainGrace > 0 {
+		return cfg.DrainGrace
+	}
+	return config.DefaultDrainGrace
 }

@@ -54,6 +54,7 @@ const (
 // lets run alongside the writer.
 type Log struct {
 	id       session.ID
+	path     string // the database file
 	maxBytes int64
 	writer   *sql.DB      // one connection
 	readers  *sql.DB      // for Range; connects lazily
@@ -76,7 +77,7 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool)
 	default:
 		return nil, fmt.Errorf("sync mode %q: want %q or %q", d.Sync, SyncNormal, SyncFull)
 	}
-	l := &Log{id: id, maxBytes: d.MaxBytes}
+	l := &Log{id: id, path: path, maxBytes: d.MaxBytes}
 	if l.maxBytes <= 0 {
 		l.maxBytes = DefaultMaxBytes
 	}

@@ -37,7 +37,8 @@ func watcherChildMain() int {
 }
 
 func startTestServer(ctx context.Context, o ServerOptions) (Server, error) {
-	return server.Start(ctx, server.Config{Listen: "127.0.0.1:0", DataDir: o.DataDir, HibernateAfter: o.HibernateAfter, Logger: o.Logger})
+	return server.Start(ctx, server.Config{Listen: "127.0.0.1:0", DataDir: o.DataDir, HibernateAfter: o.HibernateAfter,
+		DrainGrace: time.Second, Logger: o.Logger})
 }
 
 func testChild(ctx context.Context, args ...string) *exec.Cmd {

@@ -132,7 +132,10 @@ func startStack(t testing.TB, mods ...func(*server.Config)) *stack {
 		DataDir:        t.TempDir(),
 		HibernateAfter: time.Hour,
 		CancelGrace:    time.Second,
-		Logger:         slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// Stopping a stack drains its node: a running turn gets this long
+		// to finish before it is cancelled.
+		DrainGrace: time.Second,
+		Logger:     slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}}
 	for _, mod := range mods {
 		mod(&st.cfg)

@@ -40,7 +40,28 @@ const (
 	DefaultCookieTTL      = 12 * time.Hour
 	DefaultLogFormat      = "json"
 	DefaultLogLevel       = "info"
+	// DefaultLeaseTTL is how long a node's ownership of a session lasts
+	// without renewal: the takeover time after a node dies.
+	DefaultLeaseTTL = 3 * time.Second
+	// DefaultDrainGrace is how long a stopping node lets running turns
+	// finish before it cancels them.
+	DefaultDrainGrace = 30 * time.Second
+	// DefaultCheckpointInterval is how often an active session's history is
+	// checkpointed to the object store.
+	DefaultCheckpointInterval = time.Minute
+	// DefaultNATSReplicas is the JetStream replication of Atrium's streams
+	// and buckets.
+	DefaultNATSReplicas = 1
 )
+
+// Roles of File.Roles: what one process runs.
+const (
+	RoleGateway = "gateway" // HTTP, WebSocket and SSE clients, chat channels; no session state
+	RoleNode    = "node"    // session actors, their histories and sandboxes
+)
+
+// MaxNATSReplicas is the most JetStream replicas NATS allows.
+const MaxNATSReplicas = 5
 
 // Auth modes.
 const (
@@ -62,15 +83,27 @@ type File struct {
 	// AllowedOrigins lists extra browser origins allowed to open WebSockets
 	// and send state-changing requests (patterns as in path.Match).
 	AllowedOrigins []string `yaml:"allowed_origins"`
-	Log            Log      `yaml:"log"`
-	Auth           Auth     `yaml:"auth"`
-	Node           Node     `yaml:"node"`
-	Sandbox        Sandbox  `yaml:"sandbox"`
-	Storage        Storage  `yaml:"storage"`
+	// Roles are what this process runs: RoleGateway, RoleNode, or both (the
+	// default). Processes with one role share an external NATS cluster.
+	Roles []string `yaml:"roles"`
+	// NATS says how to reach NATS: an external cluster, or (no urls) a
+	// server embedded in this process.
+	NATS    NATS    `yaml:"nats"`
+	Log     Log     `yaml:"log"`
+	Auth    Auth    `yaml:"auth"`
+	Node    Node    `yaml:"node"`
+	Sandbox Sandbox `yaml:"sandbox"`
+	Storage Storage `yaml:"storage"`
 	// Channels configures chat channels and webhooks (channels.go).
 	Channels Channels `yaml:"channels"`
 	// Tracing exports OpenTelemetry traces; off unless otlp_endpoint is set.
 	Tracing Tracing `yaml:"tracing"`
+	// Tasks configures repository tasks that open pull requests (tasks.go).
+	Tasks Tasks `yaml:"tasks"`
+	// Quotas caps invokes and sets the tenants' quotas (quotas.go).
+	Quotas Quotas `yaml:"quotas"`
+	// Automation configures schedules and dead letters (automation.go).
+	Automation Automation `yaml:"automation"`
 }
 
 // Tracing protocols.
@@ -162,11 +195,54 @@ type OIDC struct {
 	CLIClientSecret string `yaml:"cli_client_secret"`
 }
 
-// Node configures session actors.
+// NATS configures the connection to NATS.
+type NATS struct {
+	// URLs are the servers of an external NATS cluster (nats://host:4222,
+	// tls://host:4222); empty: a server embedded in this process, storing
+	// JetStream in <data_dir>/nats (single process only).
+	URLs []string `yaml:"urls"`
+	// Creds is a .creds file (user JWT and nkey seed) to authenticate with;
+	// NKey is an nkey seed file; User and Password are plain credentials.
+	// At most one of the three.
+	Creds    string `yaml:"creds"`
+	NKey     string `yaml:"nkey"`
+	User     string `yaml:"user"`
+	Password string `yaml:"password" secret:"true"`
+	TLS      TLS    `yaml:"tls"`
+	// Replicas is the JetStream replication of the streams and buckets
+	// Atrium creates: 3 in a 3-server cluster survives the loss of one.
+	Replicas int `yaml:"replicas"`
+	// Name is the connection's name as NATS monitoring shows it; default
+	// node.id.
+	Name string `yaml:"name"`
+}
+
+// TLS configures TLS to NATS: CA verifies the servers (default the system
+// roots), Cert and Key are a client certificate for servers that ask.
+type TLS struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Node configures this process's identity and its session actors.
 type Node struct {
+	// ID names this process among the cluster's (leases, presence,
+	// `atrium cluster status`); default the host name. Give every process
+	// on one machine its own.
+	ID             string        `yaml:"id"`
 	HibernateAfter time.Duration `yaml:"hibernate_after"`
 	TurnTimeout    time.Duration `yaml:"turn_timeout"`
 	CancelGrace    time.Duration `yaml:"cancel_grace"`
+	// LeaseTTL is how long a session's ownership lasts unrenewed: a dead
+	// node's sessions are taken over after it.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// DrainGrace is how long a node stopping on SIGTERM lets running turns
+	// finish before it cancels them.
+	DrainGrace time.Duration `yaml:"drain_grace"`
+	// CheckpointInterval is how often an active session's history is
+	// checkpointed to the object store (also on hibernation and drain).
+	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
 }
 
 // Sandbox configures compute.
@@ -276,6 +352,22 @@ func (f *File) fillDefaults() {
 	}
 	def(&f.Listen, DefaultListen)
 	def(&f.DataDir, DefaultDataDir)
+	if len(f.Roles) == 0 {
+		f.Roles = []string{RoleGateway, RoleNode}
+	}
+	if f.Node.ID == "" {
+		if h, err := os.Hostname(); err == nil {
+			f.Node.ID = nodeID(h)
+		}
+	}
+	def(&f.Node.ID, "atrium")
+	def(&f.NATS.Name, "atrium-"+f.Node.ID)
+	if f.NATS.Replicas == 0 {
+		f.NATS.Replicas = DefaultNATSReplicas
+	}
+	defDur(&f.Node.LeaseTTL, DefaultLeaseTTL)
+	defDur(&f.Node.DrainGrace, DefaultDrainGrace)
+	defDur(&f.Node.CheckpointInterval, DefaultCheckpointInterval)
 	def(&f.Log.Format, DefaultLogFormat)
 	def(&f.Log.Level, DefaultLogLevel)
 	def(&f.Sandbox.Provider, "local")
@@ -343,11 +435,12 @@ func (f *File) Validate(dev bool) error {
 		errs = append(errs, checkCookieKey(f.Auth.CookieKey)...)
 	case AuthTokens:
 	case AuthDev:
-		if !dev {
+		// A node alone authenticates nobody: only gateways do.
+		if !dev && f.HasRole(RoleGateway) {
 			bad("auth.mode", "dev is only for `atrium dev`: choose oidc, or tokens for API-token-only access")
 		}
 	case "":
-		if !dev {
+		if !dev && f.HasRole(RoleGateway) {
 			bad("auth.mode", "required: oidc (with auth.oidc.issuer) or tokens (API tokens only); `atrium serve` never runs without authentication")
 		}
 	default:
@@ -410,7 +503,140 @@ func (f *File) Validate(dev bool) error {
 	}
 	errs = append(errs, f.Channels.check()...)
 	errs = append(errs, f.Tracing.check()...)
+	errs = append(errs, f.Tasks.check()...)
+	errs = append(errs, f.Quotas.check()...)
+	errs = append(errs, f.Automation.check()...)
+	errs = append(errs, f.checkCluster()...)
 	return errors.Join(errs...)
+}
+
+// HasRole reports whether this process runs role (RoleGateway, RoleNode).
+func (f *File) HasRole(role string) bool {
+	for _, r := range f.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// checkCluster returns the problems of roles, nats and the node's cluster
+// settings.
+func (f *File) checkCluster() []error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	seen := map[string]bool{}
+	for _, r := range f.Roles {
+		switch {
+		case r != RoleGateway && r != RoleNode:
+			bad("roles", "%q: want gateway, node, or both ([gateway, node])", r)
+		case seen[r]:
+			bad("roles", "%q is listed twice", r)
+		}
+		seen[r] = true
+	}
+	n := f.NATS
+	external := len(n.URLs) > 0
+	if !external && len(f.Roles) > 0 && !(f.HasRole(RoleGateway) && f.HasRole(RoleNode)) {
+		bad("nats.urls", "required with roles %v: a gateway and a node in separate processes meet on an external NATS cluster "+
+			"(e.g. nats://127.0.0.1:4222); only a process with both roles can embed NATS", f.Roles)
+	}
+	for _, u := range n.URLs {
+		if err := checkNATSURL(u); err != nil {
+			bad("nats.urls", "%v", err)
+		}
+	}
+	auths := 0
+	for _, set := range []bool{n.Creds != "", n.NKey != "", n.User != "" || n.Password != ""} {
+		if set {
+			auths++
+		}
+	}
+	if auths > 1 {
+		bad("nats.creds", "set one of nats.creds, nats.nkey or nats.user/password, not several")
+	}
+	if (n.User == "") != (n.Password == "") {
+		bad("nats.user", "nats.user and nats.password go together")
+	}
+	if (n.TLS.Cert == "") != (n.TLS.Key == "") {
+		bad("nats.tls.cert", "a client certificate needs both nats.tls.cert and nats.tls.key")
+	}
+	if !external {
+		for key, set := range map[string]bool{"nats.creds": n.Creds != "", "nats.nkey": n.NKey != "", "nats.user": n.User != "",
+			"nats.tls": n.TLS != (TLS{})} {
+			if set {
+				bad(key, "applies only to an external NATS cluster: set nats.urls too (the embedded server needs no credentials)")
+			}
+		}
+	}
+	switch {
+	case n.Replicas < 1 || n.Replicas > MaxNATSReplicas:
+		bad("nats.replicas", "%d: want 1 to %d (3 in a 3-server cluster survives the loss of a server)", n.Replicas, MaxNATSReplicas)
+	case n.Replicas > 1 && !external:
+		bad("nats.replicas", "%d needs an external NATS cluster of at least %d servers (nats.urls); the embedded server keeps one copy", n.Replicas, n.Replicas)
+	}
+	if !validNodeID(f.Node.ID) {
+		bad("node.id", "%q: use letters, digits, '-' and '_' only (it is a NATS key), at most 64", f.Node.ID)
+	}
+	if f.Node.LeaseTTL < time.Second {
+		bad("node.lease_ttl", "%v is too short (at least 1s; a node renews every third of it)", f.Node.LeaseTTL)
+	}
+	if f.Node.DrainGrace < 0 {
+		bad("node.drain_grace", "must be positive")
+	}
+	if f.Node.CheckpointInterval < time.Second {
+		bad("node.checkpoint_interval", "%v is too short (at least 1s)", f.Node.CheckpointInterval)
+	}
+	return errs
+}
+
+// checkNATSURL checks one server URL of nats.urls.
+func checkNATSURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("%q is not a URL like nats://host:4222", s)
+	}
+	switch u.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Errorf("%q: the scheme must be nats, tls, ws or wss", s)
+	}
+	if u.User != nil {
+		return fmt.Errorf("%q carries credentials: put them in nats.user/nats.password (or ATRIUM_NATS_PASSWORD), nats.creds or nats.nkey", u.Redacted())
+	}
+	return nil
+}
+
+// validNodeID reports whether id can name a node: it is a NATS KV key and a
+// connection name.
+func validNodeID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeID turns a host name into a node id: its first label, with any other
+// character replaced by '-'.
+func nodeID(host string) string {
+	host, _, _ = strings.Cut(host, ".")
+	b := []byte(host)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return string(b)
 }
 
 // CookieKeyBytes decodes auth.cookie_key.

@@ -90,7 +90,10 @@ func startStack(t testing.TB, mod func(*server.Config)) *stack {
 		DataDir:        t.TempDir(),
 		HibernateAfter: time.Hour,
 		CancelGrace:    2 * time.Second,
-		Logger:         slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		// Closing a stack drains its node: turns still running get this
+		// long to finish before they are cancelled.
+		DrainGrace: 2 * time.Second,
+		Logger:     slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -188,7 +188,7 @@ func TestReadiness_FlipsWhenNATSGoesAwayAndComesBack(t *testing.T) {
 	if code != http.StatusOK || !r.Ready {
 		t.Fatalf("/readyz = %d %+v, want 200 ready", code, r)
 	}
-	for _, name := range []string{"nats", "history", "object_store"} {
+	for _, name := range []string{"nats", "history", "object_store", "leases"} {
 		if c := checkOf(r, name); !c.OK {
 			t.Errorf("check %s = %+v, want ok", name, c)
 		}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,11 +14,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/storage/blob"
 )
 
@@ -35,28 +38,35 @@ type Check struct {
 	OK bool `json:"ok"`
 	// Error says what is wrong when it is not.
 	Error string `json:"error,omitempty"`
+	// Server is, for "nats", the server the process is connected to.
+	Server string `json:"server,omitempty"`
 }
 
 // Readiness is the body of /readyz.
 type Readiness struct {
-	Ready  bool    `json:"ready"`
-	Checks []Check `json:"checks"`
+	Ready bool `json:"ready"`
+	// Roles are the roles of the process, whose checks these are.
+	Roles  []string `json:"roles"`
+	Checks []Check  `json:"checks"`
 }
 
-// Ready runs the readiness checks: NATS connected, the history directory
-// writable and the object store writable (a probe object is put, read back
-// and deleted). Lease renewals will join them when leases exist.
+// Ready runs the readiness checks of the process's roles: NATS connected
+// (every role); for a node also the history directory writable, the object
+// store writable (a probe object is put, read back and deleted) and its
+// ownership leases renewed in time.
 func (s *Server) Ready(ctx context.Context) Readiness {
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 	checks := []Check{s.checkNATS()}
-	var wg sync.WaitGroup
-	var hist, store Check
-	wg.Go(func() { hist = result("history", ProbeDir(filepath.Join(s.cfg.DataDir, "history"))) })
-	wg.Go(func() { store = result("object_store", ProbeStore(ctx, s.store)) })
-	wg.Wait()
-	checks = append(checks, hist, store)
-	r := Readiness{Ready: true, Checks: checks}
+	if s.IsNode() {
+		var wg sync.WaitGroup
+		var hist, store Check
+		wg.Go(func() { hist = result("history", ProbeDir(filepath.Join(s.cfg.DataDir, "history"))) })
+		wg.Go(func() { store = result("object_store", ProbeStore(ctx, s.store)) })
+		wg.Wait()
+		checks = append(checks, hist, store, s.checkLeases())
+	}
+	r := Readiness{Ready: true, Roles: s.Roles(), Checks: checks}
 	for _, c := range checks {
 		r.Ready = r.Ready && c.OK
 	}
@@ -70,7 +80,35 @@ func (s *Server) checkNATS() Check {
 	case !s.nc.IsConnected():
 		return Check{Name: "nats", Error: fmt.Sprintf("not connected to NATS (status %s)", s.nc.Status())}
 	}
-	return Check{Name: "nats", OK: true}
+	return Check{Name: "nats", OK: true, Server: s.nc.ConnectedServerName()}
+}
+
+// checkLeases fails when a lease this node holds has not been renewed for
+// two thirds of the lease TTL: NATS is slow or unreachable, and the node is
+// about to give the session up.
+func (s *Server) checkLeases() Check {
+	ttl := cmp.Or(s.cfg.LeaseTTL, actor.DefaultLeaseTTL)
+	now := time.Now()
+	held := s.host.Leases()
+	var late []string
+	for _, l := range held {
+		renewed := l.Renewed
+		if renewed.IsZero() {
+			renewed = l.Acquired
+		}
+		if now.Sub(renewed) > ttl*2/3 {
+			late = append(late, string(l.Session))
+		}
+	}
+	if len(late) == 0 {
+		return Check{Name: "leases", OK: true}
+	}
+	n := len(late)
+	if n > 3 {
+		late = append(late[:3], "…")
+	}
+	return Check{Name: "leases", Error: fmt.Sprintf("%d of %d ownership leases not renewed for over %v (NATS slow or unreachable): %s",
+		n, len(held), ttl*2/3, strings.Join(late, ", "))}
 }
 
 func result(name string, err error) Check {

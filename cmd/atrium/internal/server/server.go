@@ -1,8 +1,9 @@
-// Package server wires Atrium's parts into one in-process deployment: an
-// embedded nats-server, a node (package actor) with SQLite histories,
-// sandboxes (local bubblewrap ones, or remote VMs through a provisioning
-// hook) whose workspaces are saved to an object store (a local directory or
-// S3), and a gateway serving HTTP. `atrium dev`, `atrium serve`, `atrium
+// Package server wires Atrium's parts into one process: NATS (an external
+// cluster, or a nats-server embedded in the process), a node (package actor)
+// with SQLite histories, sandboxes (local bubblewrap ones, or remote VMs
+// through a provisioning hook) whose workspaces are saved to an object store
+// (a local directory or S3), and a gateway serving HTTP. A process runs the
+// gateway role, the node role or both. `atrium dev`, `atrium serve`, `atrium
 // bench` and the end-to-end tests use it, so they all run the same code as
 // production: every gateway↔node message goes through NATS.
 package server
@@ -16,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,8 +25,10 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/atriumhq/atrium/actor"
@@ -46,6 +50,23 @@ const (
 	DefaultDataDir        = ".atrium"
 	DefaultHibernateAfter = 30 * time.Second
 	DefaultTurnTimeout    = 30 * time.Minute
+	// DefaultReconnectWait is the pause between attempts to reconnect to
+	// an external NATS cluster (jittered); attempts never stop.
+	DefaultReconnectWait = time.Second
+	// DefaultPingInterval is how often the connection to an external NATS
+	// cluster is pinged: two unanswered pings mark it disconnected, which
+	// /readyz reports.
+	DefaultPingInterval = 5 * time.Second
+	// DefaultJetStreamWait is how long Start waits for an external NATS
+	// cluster's JetStream to answer (a cluster starting with the process
+	// elects its leaders first).
+	DefaultJetStreamWait = time.Minute
+)
+
+// Roles of Config.Roles.
+const (
+	RoleGateway = "gateway"
+	RoleNode    = "node"
 )
 
 // Object stores of Storage.Type.
@@ -107,8 +128,51 @@ type Sandbox struct {
 	SaveInterval time.Duration
 }
 
-// Config configures a single-process deployment.
+// NATS says how a server reaches NATS.
+type NATS struct {
+	// URLs are the servers of an external NATS cluster; empty: a
+	// nats-server embedded in the process (JetStream in DataDir/nats),
+	// which only a process with both roles can use.
+	URLs []string
+	// CredsFile, NKeyFile, or User and Password authenticate to the
+	// cluster; at most one.
+	CredsFile      string
+	NKeyFile       string
+	User, Password string
+	// CAFile verifies the servers' certificates (default: the system
+	// roots); CertFile and KeyFile are a client certificate.
+	CAFile, CertFile, KeyFile string
+	// Replicas is the JetStream replication of the streams and buckets
+	// this process creates; zero means 1.
+	Replicas int
+	// Name is the connection name NATS monitoring shows; default
+	// "atrium-" + NodeID.
+	Name string
+	// ReconnectWait is the pause between reconnection attempts;
+	// DefaultReconnectWait if zero.
+	ReconnectWait time.Duration
+}
+
+// Config configures one process: a gateway, a node or both.
 type Config struct {
+	// Roles are what the process runs: RoleGateway, RoleNode or both (the
+	// default when empty). A gateway-only process starts no node and no
+	// sandboxes; a node-only process serves only /healthz, /readyz and
+	// /metrics over HTTP.
+	Roles []string
+	// NATS says how to reach NATS; the zero value embeds a nats-server.
+	NATS NATS
+	// NodeID names this process in the cluster: its heartbeat in the
+	// nodes bucket, its leases, its gateway's presence messages. Default:
+	// the host name.
+	NodeID string
+	// LeaseTTL, DrainGrace and CheckpointInterval tune the node
+	// (actor.Config); zero means the node's defaults.
+	LeaseTTL           time.Duration
+	DrainGrace         time.Duration
+	CheckpointInterval time.Duration
+	// Version is the build's version, shown by `atrium cluster status`.
+	Version string
 	// Listen is the HTTP address; "127.0.0.1:0" picks a free port.
 	Listen string
 	// DataDir holds history/, sandboxes/, objects/ and nats/.
@@ -143,6 +207,14 @@ type Config struct {
 	// signed webhooks); nil means none. Its public URL defaults to
 	// PublicURL.
 	Channels *gateway.Channels
+	// Tasks configures repository tasks (gateway.Tasks); nil means none.
+	// Its PublicURL and DLQ are filled in by Start (tasks.go).
+	Tasks *gateway.Tasks
+	// Quotas caps invokes and sets the tenants' quotas (gateway.Quotas).
+	Quotas gateway.Quotas
+	// Automation configures schedules and dead letters; its buckets are
+	// replicated like the others unless it says otherwise.
+	Automation gateway.Automation
 	// Tracing exports OpenTelemetry spans of requests, commands, turns and
 	// sandbox operations; the zero value is off.
 	Tracing Tracing
@@ -150,10 +222,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Server is a running single-process deployment.
+// Server is a running process: a gateway, a node or both.
 type Server struct {
 	cfg   Config
-	ns    *natsserver.Server
+	ns    *natsserver.Server // nil with an external NATS cluster
 	nc    *nats.Conn
 	prov  provider
 	store blob.Store
@@ -169,6 +241,10 @@ type Server struct {
 	closing atomic.Bool
 	// tp is the tracer provider of Config.Tracing; nil when it is off.
 	tp *sdktrace.TracerProvider
+	// beat writes this process's heartbeat into the nodes bucket
+	// (nodes.go); started is when Start began.
+	beat    *heartbeat
+	started time.Time
 
 	serveDone chan error
 	closeOnce sync.Once
@@ -181,8 +257,9 @@ type provider interface {
 	Close(ctx context.Context) error
 }
 
-// Start starts NATS, the node and the gateway, and listens on cfg.Listen.
-// On error everything started is stopped again.
+// Start starts the roles of cfg: it connects to NATS (or starts the embedded
+// server), then the node, then the gateway, and listens on cfg.Listen. On
+// error everything started is stopped again.
 func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -199,7 +276,8 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.HibernateAfter < 0 || cfg.TurnTimeout < 0 || cfg.Sandbox.SleepAfter < 0 || cfg.Sandbox.MaxLifetime < 0 || cfg.Sandbox.SaveInterval < 0 {
+	if cfg.HibernateAfter < 0 || cfg.TurnTimeout < 0 || cfg.Sandbox.SleepAfter < 0 || cfg.Sandbox.MaxLifetime < 0 || cfg.Sandbox.SaveInterval < 0 ||
+		cfg.LeaseTTL < 0 || cfg.DrainGrace < 0 || cfg.CheckpointInterval < 0 {
 		return nil, errors.New("durations must be positive")
 	}
 	if cfg.Storage.Type == "" {
@@ -207,6 +285,21 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.Sandbox.Provider == "" {
 		cfg.Sandbox.Provider = ProviderLocal
+	}
+	if cfg.Roles, err = checkRoles(cfg.Roles); err != nil {
+		return nil, err
+	}
+	if len(cfg.NATS.URLs) == 0 && len(cfg.Roles) != 2 {
+		return nil, fmt.Errorf("roles %v need an external NATS cluster (NATS.URLs): only a process with both roles can embed NATS", cfg.Roles)
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = defaultNodeID()
+	}
+	if cfg.NATS.Name == "" {
+		cfg.NATS.Name = "atrium-" + cfg.NodeID
+	}
+	if cfg.NATS.Replicas == 0 {
+		cfg.NATS.Replicas = 1
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -216,13 +309,20 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Storage.Type == StorageDir && cfg.Storage.Dir == "" {
 		cfg.Storage.Dir = filepath.Join(dir, "objects")
 	}
-	for _, d := range []string{dir, filepath.Join(dir, "history"), filepath.Join(dir, "sandboxes"), filepath.Join(dir, "nats")} {
+	dirs := []string{dir}
+	if hasRole(cfg.Roles, RoleNode) {
+		dirs = append(dirs, filepath.Join(dir, "history"), filepath.Join(dir, "sandboxes"))
+	}
+	if len(cfg.NATS.URLs) == 0 {
+		dirs = append(dirs, filepath.Join(dir, "nats"))
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create data dir: %w", err)
 		}
 	}
 
-	s := &Server{cfg: cfg, serveDone: make(chan error, 1)}
+	s := &Server{cfg: cfg, serveDone: make(chan error, 1), started: time.Now().UTC()}
 	defer func() {
 		if err != nil {
 			s.Close(context.WithoutCancel(ctx))
@@ -234,26 +334,217 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := s.startNATS(); err != nil {
+	if err := s.connectNATS(ctx); err != nil {
 		return nil, err
 	}
-	s.nc, err = nats.Connect("", nats.InProcessServer(&s.inproc), nats.Name("atrium-dev"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond))
-	if err != nil {
-		return nil, fmt.Errorf("connect to embedded nats: %w", err)
+	if s.IsNode() {
+		if err := s.startNode(ctx); err != nil {
+			return nil, err
+		}
 	}
 
-	if s.store, err = openStore(ctx, cfg.Storage); err != nil {
+	s.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w (is another atrium running? pick another address with --listen)", cfg.Listen, err)
+	}
+	var h http.Handler
+	if s.IsGateway() {
+		if h, err = s.startGateway(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		h = s.nodeHandler()
+	}
+	if s.beat, err = startHeartbeat(ctx, s); err != nil {
 		return nil, err
+	}
+
+	s.http = &http.Server{
+		Handler:           s.handler(h),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	go func() { s.serveDone <- s.http.Serve(s.ln) }()
+	return s, nil
+}
+
+// checkRoles returns roles without duplicates, both roles if it is empty, or
+// an error naming an unknown role.
+func checkRoles(roles []string) ([]string, error) {
+	if len(roles) == 0 {
+		return []string{RoleGateway, RoleNode}, nil
+	}
+	var out []string
+	for _, r := range roles {
+		if r != RoleGateway && r != RoleNode {
+			return nil, fmt.Errorf("unknown role %q: want %s or %s", r, RoleGateway, RoleNode)
+		}
+		if !hasRole(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func hasRole(roles []string, role string) bool {
+	for _, r := range roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// defaultNodeID is the host's name (its first label), or "atrium".
+func defaultNodeID() string {
+	h, err := os.Hostname()
+	if h, _, _ = strings.Cut(h, "."); err != nil || h == "" {
+		return "atrium"
+	}
+	return h
+}
+
+// connectNATS connects s.nc: to the external cluster of cfg.NATS.URLs, or
+// to a nats-server it embeds.
+func (s *Server) connectNATS(ctx context.Context) error {
+	log := s.cfg.Logger.With("component", "nats")
+	if len(s.cfg.NATS.URLs) > 0 {
+		nc, err := ConnectNATS(s.cfg.NATS, log)
+		if err != nil {
+			return err
+		}
+		s.nc = nc
+		log.Info("connected to NATS", "server", nc.ConnectedUrlRedacted(), "server_name", nc.ConnectedServerName())
+		return waitJetStream(ctx, nc, log)
+	}
+	if err := s.startNATS(); err != nil {
+		return err
+	}
+	opts := append(natsHandlers(log), nats.Name(s.cfg.NATS.Name), nats.MaxReconnects(-1),
+		nats.InProcessServer(&s.inproc), nats.ReconnectWait(250*time.Millisecond))
+	nc, err := nats.Connect("", opts...)
+	if err != nil {
+		return fmt.Errorf("connect to embedded nats: %w", err)
+	}
+	s.nc = nc
+	return nil
+}
+
+// waitJetStream waits until JetStream answers on nc: a cluster that is
+// still forming (its servers started together, electing a meta leader)
+// refuses to create buckets for a while. It gives up after
+// DefaultJetStreamWait, or when ctx ends.
+func waitJetStream(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, DefaultJetStreamWait)
+	defer cancel()
+	for try := 0; ; try++ {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.AccountInfo(actx)
+		acancel()
+		if err == nil {
+			if try > 0 {
+				log.Info("JetStream is available")
+			}
+			return nil
+		}
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return fmt.Errorf("NATS at %s has no JetStream for this account: enable it (jetstream {} in the servers' config; see deploy/nats/): %w",
+				nc.ConnectedUrlRedacted(), err)
+		}
+		if try == 0 {
+			log.Warn("waiting for NATS JetStream to become available (is the cluster still forming?)", "err", err)
+		}
+		t := time.NewTimer(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("JetStream at %s did not answer within %v: %w (check the NATS servers' logs: JetStream enabled, a meta leader elected)",
+				nc.ConnectedUrlRedacted(), DefaultJetStreamWait, err)
+		case <-t.C:
+		}
+	}
+}
+
+// ConnectNATS connects to the external NATS cluster of cfg (cfg.URLs must
+// not be empty) with its credentials and TLS. The connection reconnects
+// forever, every cfg.ReconnectWait (jittered), and logs to log when it
+// loses and regains its server.
+func ConnectNATS(cfg NATS, log *slog.Logger) (*nats.Conn, error) {
+	if len(cfg.URLs) == 0 {
+		return nil, errors.New("connect to NATS: no server URLs")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	wait := cfg.ReconnectWait
+	if wait <= 0 {
+		wait = DefaultReconnectWait
+	}
+	opts := append(natsHandlers(log), nats.Name(cfg.Name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(wait), nats.ReconnectJitter(wait/4, wait/2),
+		nats.PingInterval(DefaultPingInterval), nats.MaxPingsOutstanding(2),
+		// Publish nothing that was buffered while disconnected: a node cut
+		// off from NATS loses its leases, and an event it committed then
+		// must not reach the stream after the next owner took over.
+		nats.ReconnectBufSize(-1))
+	switch {
+	case cfg.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	case cfg.NKeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats nkey %s: %w", cfg.NKeyFile, err)
+		}
+		opts = append(opts, o)
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
+	if cfg.CertFile != "" {
+		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	}
+	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is the cluster up and reachable from here? check nats.urls and the credentials)",
+			strings.Join(cfg.URLs, ", "), err)
+	}
+	return nc, nil
+}
+
+// natsHandlers log a connection's losses and recoveries.
+func natsHandlers(log *slog.Logger) []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("disconnected from NATS; reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted())
+		}),
+	}
+}
+
+// startNode opens the object store and the sandbox provider and starts the
+// node's host.
+func (s *Server) startNode(ctx context.Context) (err error) {
+	cfg := s.cfg
+	if s.store, err = openStore(ctx, cfg.Storage); err != nil {
+		return err
 	}
 	wiring, err := s.openCompute(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-
 	s.host, err = actor.New(actor.Config{
 		NATS:               s.nc,
-		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(dir, "history"), Logger: cfg.Logger}),
+		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
 		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
@@ -263,25 +554,32 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		SandboxSleepAfter:  cfg.Sandbox.SleepAfter,
 		SandboxMaxLifetime: cfg.Sandbox.MaxLifetime,
 		SaveInterval:       cfg.Sandbox.SaveInterval,
-		NodeID:             "dev",
+		NodeID:             cfg.NodeID,
 		HibernateAfter:     cfg.HibernateAfter,
 		TurnTimeout:        cfg.TurnTimeout,
 		CancelGrace:        cfg.CancelGrace,
+		LeaseTTL:           cfg.LeaseTTL,
+		Replicas:           cfg.NATS.Replicas,
+		Checkpoints:        s.store, // beside the workspaces
+		CheckpointInterval: cfg.CheckpointInterval,
+		DrainGrace:         cfg.DrainGrace,
 		Registerer:         s.reg,
 		TracerProvider:     s.tracerProvider(),
 		Logger:             cfg.Logger.With("component", "node"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("node: %w", err)
+		return fmt.Errorf("node: %w", err)
 	}
 	if err := s.host.Start(ctx); err != nil {
-		return nil, fmt.Errorf("start node: %w", err)
+		return fmt.Errorf("start node: %w", err)
 	}
+	return nil
+}
 
-	s.ln, err = net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w (is another atrium running? pick another address with --listen)", cfg.Listen, err)
-	}
+// startGateway starts the gateway (and its authentication) and returns its
+// handler.
+func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
+	cfg := s.cfg
 	if cfg.PublicURL == "" {
 		cfg.PublicURL = s.URL()
 	}
@@ -291,9 +589,14 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		cfg.Channels.Service.PublicURL = cfg.PublicURL
 	}
 
-	auditLog, err := audit.New(audit.Config{NATS: s.nc})
+	auditLog, err := audit.New(audit.Config{NATS: s.nc, Replicas: cfg.NATS.Replicas})
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	tokens, err := auth.NewTokens(auth.TokensConfig{NATS: s.nc, Bucket: session.DefaultPrefix + "_tokens", Replicas: cfg.NATS.Replicas,
+		Logger: cfg.Logger.With("component", "gateway")})
+	if err != nil {
+		return nil, fmt.Errorf("api tokens: %w", err)
 	}
 	var authn auth.Authenticator
 	switch cfg.AuthMode {
@@ -324,30 +627,60 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// The dev identity is loopback-only: there is nobody to slow down.
 		throttle = &auth.Throttle{}
 	}
+	if err := s.wireTasks(ctx, cfg.Tasks, cfg.PublicURL); err != nil {
+		return nil, err
+	}
 	s.gw, err = gateway.New(gateway.Config{
 		NATS:           s.nc,
 		Auth:           authn,
 		Throttle:       throttle,
 		Audit:          auditLog,
-		ID:             "dev",
+		Tokens:         tokens,
+		ID:             cfg.NodeID,
 		OriginPatterns: cfg.AllowedOrigins,
 		Registry:       s.reg,
 		Channels:       cfg.Channels,
+		Tasks:          cfg.Tasks,
+		Automation:     cfg.automation(),
+		Quotas:         cfg.Quotas,
+		ClusterStatus:  s.clusterStatusAny,
 		TracerProvider: s.tracerProvider(),
 		Logger:         cfg.Logger.With("component", "gateway"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-
-	s.http = &http.Server{
-		Handler:           s.handler(s.gw.Handler()),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-	}
-	go func() { s.serveDone <- s.http.Serve(s.ln) }()
-	return s, nil
+	return s.gw.Handler(), nil
 }
+
+// nodeHandler is the HTTP handler of a node-only process: /healthz and
+// /metrics (handler adds /readyz); everything else is 404.
+func (s *Server) nodeHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"this process is an Atrium node: it serves only /healthz, /readyz and /metrics; clients talk to a gateway"}}` + "\n"))
+	})
+	return mux
+}
+
+// IsGateway reports whether this process runs the gateway role.
+func (s *Server) IsGateway() bool { return hasRole(s.cfg.Roles, RoleGateway) }
+
+// IsNode reports whether this process runs the node role.
+func (s *Server) IsNode() bool { return hasRole(s.cfg.Roles, RoleNode) }
+
+// Roles returns the roles this process runs.
+func (s *Server) Roles() []string { return slices.Clone(s.cfg.Roles) }
+
+// NodeID returns the name of this process in the cluster.
+func (s *Server) NodeID() string { return s.cfg.NodeID }
 
 // URL returns the server's base URL, e.g. "http://127.0.0.1:7080".
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
@@ -373,15 +706,21 @@ func (s *Server) Unsafe() bool { return s.cfg.UnsafeNoSandbox }
 // NATS fan-out).
 func (s *Server) NATS() *nats.Conn { return s.nc }
 
-// Close stops the gateway (WebSockets get "going away: reconnect"), then the
-// node (running turns are cancelled and recorded, files closed), then NATS.
-// It is safe to call twice.
+// Close stops the process gracefully: its heartbeat says it is draining;
+// the gateway closes every WebSocket with 1012 "reconnect" (clients resume
+// on another gateway) and ends SSE streams, then the HTTP server stops; the
+// node drains (running turns are given its drain grace, then cancelled and
+// recorded; sessions are handed off, files closed); then the heartbeat is
+// withdrawn and NATS closed. It is safe to call twice.
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
 		var errs []error
+		if s.beat != nil {
+			s.beat.draining(ctx)
+		}
 		if s.gw != nil {
-			errs = append(errs, s.gw.Close(ctx))
+			errs = append(errs, s.gw.Drain(ctx))
 		}
 		if s.http == nil && s.ln != nil {
 			s.ln.Close()
@@ -397,6 +736,9 @@ func (s *Server) Close(ctx context.Context) error {
 		}
 		if s.host != nil {
 			errs = append(errs, s.host.Close(ctx))
+		}
+		if s.beat != nil {
+			s.beat.stop(ctx)
 		}
 		if s.prov != nil {
 			errs = append(errs, s.prov.Close(ctx))

@@ -1,0 +1,178 @@
+package actor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// Capture (DESIGN §4): the owner publishes each committed event on the
+// session's Events subject with JetStream, and reports it durable (acking
+// its sender) only once the events stream has acknowledged it. Gateways keep
+// receiving the same message on their core subscriptions: same subject,
+// same bytes. Nats-Msg-Id is "<epoch>.<seq>", so a retried publish is stored
+// once, and a node that lost its lease cannot store a different event under
+// a seq the new owner already wrote (within the stream's two-minute
+// duplicate window). Metadata (secrets included) is published on the
+// session's Meta subject after every change, in the same stream, so a node
+// taking the session over finds the metadata in force at the last event it
+// replays: the two never disagree, which a separate bucket could not promise.
+
+// captureTimeout bounds the wait for one PubAck before it is retried.
+const captureTimeout = 5 * time.Second
+
+// Backoff between capture attempts.
+const (
+	captureRetryMin = 20 * time.Millisecond
+	captureRetryMax = time.Second
+)
+
+// msgID is the Nats-Msg-Id of event seq of a session with epoch.
+func msgID(epoch string, seq session.Seq) string {
+	return epoch + "." + strconv.FormatInt(int64(seq), 10)
+}
+
+// eventMsg is the message that captures ev.
+func (h *Host) eventMsg(id session.ID, epoch string, ev session.Stored) *nats.Msg {
+	return &nats.Msg{
+		Subject: h.cfg.Subjects.Events(id),
+		Data:    ev.JSON,
+		Header:  nats.Header{jetstream.MsgIDHeader: []string{msgID(epoch, ev.Seq)}},
+	}
+}
+
+// metaMsg is the message that captures m.
+func (h *Host) metaMsg(m *session.Meta) *nats.Msg {
+	return &nats.Msg{
+		Subject: h.cfg.Subjects.Meta(m.ID),
+		Data:    mustMarshal(m),
+		Header:  nats.Header{jetstream.MsgIDHeader: []string{m.Epoch + ".meta." + randomHex()}},
+	}
+}
+
+// randomHex returns 16 random hex digits.
+func randomHex() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// capture publishes msgs to the events stream and waits until every one is
+// stored, retrying the ones that failed with backoff until ctx ends. It
+// returns the highest stream sequence stored. A retry may store a message
+// after one that followed it; replay orders events by seq.
+func (h *Host) capture(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
+	var top uint64
+	pending := msgs
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
+	wait := captureRetryMin
+	for {
+		futures = futures[:0]
+		var failed []*nats.Msg
+		var lastErr error
+		for i, m := range pending {
+			f, err := h.js.PublishMsgAsync(m)
+			if err != nil {
+				failed, lastErr = append(failed, pending[i:]...), err
+				break
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case ack := <-f.Ok():
+				top = max(top, ack.Sequence)
+			case err := <-f.Err():
+				failed, lastErr = append(failed, f.Msg()), err
+			case <-ctx.Done():
+				return top, fmt.Errorf("capture events: %w (last error: %v)", context.Cause(ctx), lastErr)
+			}
+		}
+		if len(failed) == 0 {
+			return top, nil
+		}
+		if ctx.Err() != nil {
+			return top, fmt.Errorf("capture events: %w", lastErr)
+		}
+		h.log.Debug("capture events: retrying", "messages", len(failed), "err", lastErr)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return top, fmt.Errorf("capture events: %w (last error: %v)", context.Cause(ctx), lastErr)
+		}
+		wait = min(2*wait, captureRetryMax)
+		pending = failed
+	}
+}
+
+// captureEvents publishes evs (and m, if not nil) and waits for the stream.
+func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, evs []session.Stored, m *session.Meta) (uint64, error) {
+	msgs := make([]*nats.Msg, 0, len(evs)+1)
+	for _, ev := range evs {
+		msgs = append(msgs, h.eventMsg(id, epoch, ev))
+	}
+	if m != nil {
+		msgs = append(msgs, h.metaMsg(m))
+	}
+	return h.capture(ctx, msgs)
+}
+
+// streamLast is the newest message of a subject in the events stream; nil
+// when there is none.
+func (h *Host) streamLast(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	msg, err := h.events.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the events stream: %w", err)
+	}
+	return msg, nil
+}
+
+// seqOf reads the seq of an encoded event.
+func seqOf(raw []byte) (session.Seq, error) {
+	var head struct {
+		Seq session.Seq `json:"seq"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return 0, fmt.Errorf("decode event: %w", err)
+	}
+	if head.Seq <= 0 {
+		return 0, errors.New("decode event: no seq")
+	}
+	return head.Seq, nil
+}
+
+// isControl reports whether a message of the Events subject is a control
+// message rather than an event.
+func isControl(h nats.Header) bool { return h != nil && h.Get(session.HeaderControl) != "" }
+
+// forget removes a deleted session's messages from the events stream and
+// its checkpoints. The deleted control message published afterwards stays
+// in the stream: a node asked to activate the session finds it and answers
+// not found.
+func (h *Host) forget(ctx context.Context, id session.ID) error {
+	var errs []error
+	for _, subj := range []string{h.cfg.Subjects.Events(id), h.cfg.Subjects.Meta(id)} {
+		if err := h.events.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			errs = append(errs, fmt.Errorf("purge %s from the events stream: %w", subj, err))
+		}
+	}
+	if err := h.deleteCheckpoints(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,285 @@
+package actor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	proto "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/storage/blob"
+)
+
+// Checkpoints (DESIGN §4): a consistent copy of a session's history file in
+// Config.Checkpoints under sessions/<id>/history/, written at hibernation,
+// every CheckpointInterval while active and when the node drains. The
+// manifest (sessions/<id>/history/manifest.json) names the newest copy and
+// is written conditionally, like compute/mount's workspace manifests
+// (If-None-Match for the first, If-Match on the ETag read for the next), in
+// one request: a writer whose fence is older than the manifest's is refused
+// with errFenced and its session stops, so a node that lost its lease never
+// writes over the new owner's checkpoint.
+
+// checkpointVersion is the manifest format this node writes and reads.
+const checkpointVersion = 1
+
+// maxCheckpointManifest bounds the manifest a node reads.
+const maxCheckpointManifest = 64 << 10
+
+// checkpointManifest says which copy is the newest checkpoint of a session.
+type checkpointManifest struct {
+	Version int         `json:"version"`
+	Fence   int64       `json:"fence"`
+	LastSeq session.Seq `json:"last_seq"`
+	Epoch   string      `json:"epoch"`
+	// StreamSeq is an events-stream sequence such that every event after
+	// LastSeq was stored after it: replay starts just past it.
+	StreamSeq uint64    `json:"stream_seq"`
+	Object    string    `json:"object"` // key of the database copy
+	Node      string    `json:"node"`
+	Saved     time.Time `json:"saved"`
+}
+
+// errFenced means a checkpoint was refused: a newer owner wrote the manifest.
+var errFenced = errors.New("actor: checkpoint fenced by a newer owner")
+
+// backuper is a History that can write a consistent copy of itself, such as
+// storage/sqlite.Log; it returns the seq of the last event in the copy.
+type backuper interface {
+	Backup(ctx context.Context, w io.Writer) (session.Seq, error)
+}
+
+// restorer is a Histories that can replace a history with a copy Backup
+// wrote, such as storage/sqlite.Dir.
+type restorer interface {
+	Restore(ctx context.Context, id session.ID, r io.Reader) error
+}
+
+func historyPrefix(id session.ID) string { return "sessions/" + string(id) + "/history/" }
+func manifestKey(id session.ID) string   { return historyPrefix(id) + "manifest.json" }
+
+// readCheckpoint returns id's checkpoint manifest and its ETag; nil if
+// there is none.
+func (h *Host) readCheckpoint(ctx context.Context, id session.ID) (*checkpointManifest, string, error) {
+	rc, info, err := h.cfg.Checkpoints.Get(ctx, manifestKey(id))
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read checkpoint manifest: %w", err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, maxCheckpointManifest))
+	if err != nil {
+		return nil, "", fmt.Errorf("read checkpoint manifest: %w", err)
+	}
+	var m checkpointManifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, "", fmt.Errorf("read checkpoint manifest: %w", err)
+	}
+	if m.Version != checkpointVersion {
+		return nil, "", fmt.Errorf("read checkpoint manifest: version %d, this atrium reads version %d", m.Version, checkpointVersion)
+	}
+	return &m, info.ETag, nil
+}
+
+// checkpoint writes a copy of hist as id's newest checkpoint with fence.
+// streamSeq is the committer's acked sequence read before the copy is made.
+// It writes nothing when the newest checkpoint is already this fence's at
+// the same seq. A newer fence in the manifest fails with errFenced. It
+// returns the last seq the checkpoint holds.
+func (h *Host) checkpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64) (session.Seq, error) {
+	last, err := h.writeCheckpoint(ctx, id, epoch, hist, fence, streamSeq)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint session %s: %w", id, err)
+	}
+	return last, nil
+}
+
+func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64) (session.Seq, error) {
+	if h.cfg.Checkpoints == nil {
+		return 0, nil
+	}
+	b, ok := hist.(backuper)
+	if !ok {
+		return 0, nil
+	}
+	cur, etag, err := h.readCheckpoint(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if cur != nil && cur.Fence > fence {
+		return 0, fmt.Errorf("%w (fence %d > %d)", errFenced, cur.Fence, fence)
+	}
+	if last, err := hist.LastSeq(ctx); err == nil && cur != nil && cur.Fence == fence && cur.LastSeq == last {
+		return last, nil // Nothing new.
+	}
+	f, err := os.CreateTemp("", "atrium-checkpoint-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	last, err := b.Backup(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	size, err := f.Seek(0, io.SeekCurrent)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		return 0, err
+	}
+	m := checkpointManifest{
+		Version: checkpointVersion, Fence: fence, LastSeq: last, Epoch: epoch, StreamSeq: streamSeq,
+		Object: historyPrefix(id) + strconv.FormatInt(fence, 10) + "-" + strconv.FormatInt(int64(last), 10) + "-" + randomHex() + ".db",
+		Node:   h.cfg.NodeID, Saved: time.Now().UTC(),
+	}
+	if _, err := h.cfg.Checkpoints.Put(ctx, m.Object, f, size, blob.PutOptions{IfNoneMatch: true}); err != nil {
+		return 0, fmt.Errorf("upload copy: %w", err)
+	}
+	data, _ := json.Marshal(m)
+	put := func(etag string) error {
+		opts := blob.PutOptions{ContentType: "application/json", IfMatch: etag, IfNoneMatch: etag == ""}
+		_, err := h.cfg.Checkpoints.Put(ctx, manifestKey(id), bytes.NewReader(data), int64(len(data)), opts)
+		return err
+	}
+	err = put(etag)
+	if errors.Is(err, blob.ErrPrecondition) {
+		// Written meanwhile. By a newer owner: fenced. By an older one
+		// (a write it began before its lease expired, landing late):
+		// ours supersedes it.
+		now, nowETag, rerr := h.readCheckpoint(ctx, id)
+		switch {
+		case rerr == nil && now != nil && now.Fence > fence:
+			err = fmt.Errorf("%w (fence %d > %d)", errFenced, now.Fence, fence)
+		case rerr == nil && now != nil && now.Fence < fence:
+			cur = now
+			err = put(nowETag)
+		}
+	}
+	if errors.Is(err, blob.ErrPrecondition) {
+		err = fmt.Errorf("another writer wrote the manifest meanwhile: %w", err)
+	}
+	if err != nil && !errors.Is(err, errFenced) {
+		err = fmt.Errorf("write manifest: %w", err)
+	}
+	if err != nil {
+		h.cfg.Checkpoints.Delete(context.WithoutCancel(ctx), m.Object)
+		return 0, err
+	}
+	if cur != nil && cur.Object != m.Object {
+		if err := h.cfg.Checkpoints.Delete(ctx, cur.Object); err != nil {
+			h.log.Warn("delete old checkpoint", "session", id, "err", err)
+		}
+	}
+	h.log.Debug("checkpointed", "session", id, "last_seq", last, "fence", fence, "bytes", size)
+	return last, nil
+}
+
+// deleteCheckpoints removes every checkpoint of a deleted session.
+func (h *Host) deleteCheckpoints(ctx context.Context, id session.ID) error {
+	if h.cfg.Checkpoints == nil {
+		return nil
+	}
+	var errs []error
+	if err := h.cfg.Checkpoints.Delete(ctx, manifestKey(id)); err != nil {
+		errs = append(errs, err)
+	}
+	for info, err := range h.cfg.Checkpoints.List(ctx, historyPrefix(id)) {
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := h.cfg.Checkpoints.Delete(ctx, info.Key); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete checkpoints: %w", err)
+	}
+	return nil
+}
+
+// restoreCheckpoint replaces id's local history with the newest
+// checkpoint m.
+func (h *Host) restoreCheckpoint(ctx context.Context, id session.ID, m *checkpointManifest) error {
+	r, ok := h.cfg.Histories.(restorer)
+	if !ok {
+		return fmt.Errorf("restore checkpoint of session %s: this node's history store cannot restore", id)
+	}
+	rc, _, err := h.cfg.Checkpoints.Get(ctx, m.Object)
+	if err != nil {
+		return fmt.Errorf("restore checkpoint of session %s: %w", id, err)
+	}
+	defer rc.Close()
+	if err := r.Restore(ctx, id, rc); err != nil {
+		return fmt.Errorf("restore checkpoint of session %s: %w", id, err)
+	}
+	return nil
+}
+
+// armCheckpoint starts the periodic checkpoint timer of an active session.
+func (s *sessionActor) armCheckpoint() {
+	if s.h.cfg.Checkpoints == nil || s.ckptTimer != nil || s.lost {
+		return
+	}
+	s.ckptTimer = time.AfterFunc(s.h.cfg.CheckpointInterval, func() { s.send(&checkpointTick{}) })
+}
+
+func (s *sessionActor) stopCheckpointTimer() {
+	if s.ckptTimer != nil {
+		s.ckptTimer.Stop()
+		s.ckptTimer = nil
+	}
+}
+
+// startCheckpoint writes a checkpoint off the actor if anything was
+// committed since the last one; checkpointDone follows.
+func (s *sessionActor) startCheckpoint() {
+	if s.phase != phaseActive || s.hist == nil || s.committer == nil || s.ckptRunning {
+		return
+	}
+	if s.durable == s.ckptSeq || s.committer.uncaptured.Load() {
+		s.armCheckpoint()
+		return
+	}
+	s.ckptRunning = true
+	hist, fence, epoch, acked, l := s.hist, s.fence, s.meta.Epoch, s.committer.acked.Load(), s.lease
+	s.readsWG.Add(1) // close waits for it before closing hist.
+	s.spawn(func() {
+		defer s.readsWG.Done()
+		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
+		defer cancel()
+		var seq session.Seq
+		var err error
+		if l.valid() {
+			seq, err = s.h.checkpoint(ctx, s.id, epoch, hist, fence, acked)
+		}
+		s.send(&checkpointDone{seq: seq, err: err})
+	})
+}
+
+func (s *sessionActor) onCheckpointDone(ctx proto.Context, m *checkpointDone) {
+	s.ckptRunning = false
+	switch {
+	case errors.Is(m.err, errFenced):
+		s.onLeaseLost(ctx, "a newer owner wrote its checkpoint")
+		return
+	case m.err != nil:
+		s.log.Warn("checkpoint", "err", m.err)
+	default:
+		s.ckptSeq = m.seq
+	}
+	if s.phase == phaseActive {
+		s.armCheckpoint()
+	}
+}

@@ -1,0 +1,392 @@
+package actor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// Takeover (DESIGN §4). With its lease held, an activating session compares
+// its local history file with the events stream before serving:
+//
+//   - The stream's last event for the session is also in the file, byte for
+//     byte: the file is current (the fast path of a session waking on the
+//     node it hibernated on: one stream lookup and one indexed read). Events
+//     after it in the file were committed but their capture never confirmed
+//     (their senders were never acknowledged): they are re-published, with
+//     the same Nats-Msg-Id, so they keep their seqs and every watcher that
+//     saw them live saw the truth.
+//   - The file is behind the stream (another node wrote since): the stream
+//     is replayed into it, if it still holds every event after the file's
+//     last.
+//   - The file disagrees with the stream (this node's un-acknowledged tail,
+//     when another node has written those seqs since), or the stream no
+//     longer reaches back to the file's end, or there is no file: the newest
+//     checkpoint is restored and the stream replayed after it. Without a
+//     checkpoint the file is rebuilt from the stream if it holds the whole
+//     session (metadata from the session's Meta subject).
+//
+// seq then continues after the last event, with no gap and no reuse.
+
+// errReplayGap means the stream lacks events a replay needed.
+var errReplayGap = errors.New("the events stream no longer holds every event needed")
+
+// errDiverged means the local history's last event is not the stream's
+// event of that seq.
+var errDiverged = errors.New("the local history diverged from the events stream")
+
+// replayBatch is how many messages one Fetch of a replay asks for; after
+// replayEmptyFetches fetches in a row found nothing, replayEmptyWait apart,
+// the stream is taken to lack the rest.
+const (
+	replayBatch        = 256
+	replayEmptyFetches = 50
+	replayEmptyWait    = 20 * time.Millisecond
+)
+
+// bringUpToDate opens id's history, making it agree with the events stream
+// first (see above).
+func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (History, error) {
+	h := s.h
+	if continued {
+		// This node released the lease last and nobody held it since:
+		// everything it committed was captured before it let go, so the
+		// file is current. The fast path of waking: no stream lookup.
+		hist, err := h.cfg.Histories.Open(ctx, s.id)
+		if err == nil || !errors.Is(err, session.ErrNotFound) {
+			return hist, err
+		}
+	}
+	last, err := h.streamLast(ctx, h.cfg.Subjects.Events(s.id))
+	if err != nil {
+		return nil, session.Errorf(session.CodeUnavailable, "%v", err)
+	}
+	if last != nil && isControl(last.Header) {
+		if session.ControlKind(last.Header.Get(session.HeaderControl)) == session.ControlDeleted {
+			return nil, session.Errorf(session.CodeNotFound, "session %s not found", s.id)
+		}
+		last = nil // Not an event; nothing to compare.
+	}
+	hist, err := h.cfg.Histories.Open(ctx, s.id)
+	if err != nil && !errors.Is(err, session.ErrNotFound) {
+		return nil, err
+	}
+	if err == nil {
+		ok, err := s.reconcile(ctx, hist, last)
+		if ok || err != nil {
+			if err != nil {
+				hist.Close()
+			}
+			return hist, err
+		}
+		hist.Close()
+	}
+	return s.restore(ctx, last)
+}
+
+// reconcile brings an open local history up to date with the stream whose
+// last event is last (nil: the stream has none). ok false means the file
+// cannot be trusted: restore instead.
+func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstream.RawStreamMsg) (ok bool, err error) {
+	local, err := hist.LastSeq(ctx)
+	if err != nil {
+		return false, err
+	}
+	if last == nil {
+		// The stream has nothing of the session (it predates the stream,
+		// or the stream aged it out): a checkpoint newer than the file
+		// means another node owned it since.
+		if s.h.cfg.Checkpoints != nil {
+			m, _, err := s.h.readCheckpoint(ctx, s.id)
+			if err != nil {
+				return false, session.Errorf(session.CodeUnavailable, "%v", err)
+			}
+			if m != nil && m.LastSeq > local {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	streamSeq, err := seqOf(last.Data)
+	if err != nil {
+		return false, fmt.Errorf("last event in the stream: %w", err)
+	}
+	if local < streamSeq {
+		// The file's last event must be the stream's event of that seq:
+		// if this node committed it while losing its lease, another node
+		// may have written a different one since.
+		var mine []byte
+		if local > 0 {
+			evs, _, err := hist.Range(ctx, local-1, 1, 0)
+			if err != nil {
+				return false, err
+			}
+			if len(evs) == 1 {
+				mine = evs[0]
+			}
+		}
+		err := s.replay(ctx, hist, local, 1, mine)
+		switch {
+		case errors.Is(err, errReplayGap):
+			s.log.Info("local history is behind the stream's reach; restoring the checkpoint", "last_seq", local, "stream_seq", streamSeq)
+			return false, nil
+		case errors.Is(err, errDiverged):
+			s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+				"last_seq", local, "stream_seq", streamSeq)
+			return false, nil
+		}
+		return err == nil, err
+	}
+	evs, _, err := hist.Range(ctx, streamSeq-1, 1, 0)
+	if err != nil {
+		return false, err
+	}
+	if len(evs) != 1 || !bytes.Equal(evs[0], last.Data) {
+		s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+			"last_seq", local, "stream_seq", streamSeq)
+		return false, nil
+	}
+	if local > streamSeq {
+		if err := s.republish(ctx, hist, streamSeq, local); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// republish captures the events after seq from through to of hist: committed
+// here but never confirmed by the stream.
+func (s *sessionActor) republish(ctx context.Context, hist History, from, to session.Seq) error {
+	m, err := hist.Meta(ctx)
+	if err != nil {
+		return err
+	}
+	s.log.Info("re-publishing events whose capture was never confirmed", "from", from+1, "to", to)
+	for after := from; after < to; {
+		raws, _, err := hist.Range(ctx, after, maxBatch, session.DefaultHistoryMaxBytes)
+		if err != nil || len(raws) == 0 {
+			return fmt.Errorf("read events to re-publish: %v", err)
+		}
+		evs := make([]session.Stored, 0, len(raws))
+		for _, raw := range raws {
+			seq, err := seqOf(raw)
+			if err != nil {
+				return err
+			}
+			evs = append(evs, session.Stored{Seq: seq, JSON: raw})
+			after = seq
+		}
+		if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, evs, nil); err != nil {
+			return session.Errorf(session.CodeUnavailable, "re-publish events: %v", err)
+		}
+	}
+	return nil
+}
+
+// restore makes id's local history from the newest checkpoint, or from the
+// stream alone, then replays the stream after it.
+func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg) (History, error) {
+	h := s.h
+	var m *checkpointManifest
+	if h.cfg.Checkpoints != nil {
+		var err error
+		if m, _, err = h.readCheckpoint(ctx, s.id); err != nil {
+			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
+		}
+	}
+	var start uint64 = 1
+	switch {
+	case m != nil:
+		if err := h.restoreCheckpoint(ctx, s.id, m); err != nil {
+			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
+		}
+		start = m.StreamSeq + 1
+		s.log.Info("restored checkpoint", "last_seq", m.LastSeq, "fence", m.Fence, "node", m.Node)
+	case last != nil:
+		metaMsg, err := h.streamLast(ctx, h.cfg.Subjects.Meta(s.id))
+		if err != nil {
+			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
+		}
+		if metaMsg == nil {
+			return nil, session.Errorf(session.CodeUnavailable, "session %s has events in the stream but no metadata and no checkpoint", s.id)
+		}
+		var meta session.Meta
+		if err := json.Unmarshal(metaMsg.Data, &meta); err != nil || meta.ID != s.id {
+			return nil, session.Errorf(session.CodeInternal, "session %s: metadata in the stream does not decode (%v)", s.id, err)
+		}
+		if err := h.cfg.Histories.Remove(ctx, s.id); err != nil {
+			return nil, err
+		}
+		hist, err := h.cfg.Histories.Create(ctx, meta)
+		if err != nil {
+			return nil, err
+		}
+		hist.Close()
+		s.log.Info("rebuilding history from the events stream")
+	default:
+		return nil, session.Errorf(session.CodeNotFound, "session %s not found", s.id)
+	}
+	hist, err := h.cfg.Histories.Open(ctx, s.id)
+	if err != nil {
+		return nil, err
+	}
+	local, err := hist.LastSeq(ctx)
+	if err == nil {
+		err = s.replay(ctx, hist, local, start, nil)
+	}
+	if errors.Is(err, errReplayGap) {
+		err = session.Errorf(session.CodeUnavailable, "session %s cannot be restored: %v after seq %d", s.id, err, local)
+	}
+	if err != nil {
+		hist.Close()
+		return nil, err
+	}
+	return hist, nil
+}
+
+// replay appends to hist the session's events after seq base that the
+// stream holds from sequence start on, and the newest metadata among them.
+// Messages may be out of order (retried captures) or repeated (the first
+// copy of a seq counts, as it did for every replay before); events are
+// applied in seq order and must follow base without a gap (errReplayGap).
+// If mine is not nil, the stream's event base, when it still holds it,
+// must be mine byte for byte (errDiverged).
+func (s *sessionActor) replay(ctx context.Context, hist History, base session.Seq, start uint64, mine []byte) error {
+	h := s.h
+	evSubj, metaSubj := h.cfg.Subjects.Events(s.id), h.cfg.Subjects.Meta(s.id)
+	var target uint64
+	for _, subj := range []string{evSubj, metaSubj} {
+		m, err := h.streamLast(ctx, subj)
+		if err != nil {
+			return session.Errorf(session.CodeUnavailable, "%v", err)
+		}
+		if m != nil {
+			target = max(target, m.Sequence)
+		}
+	}
+	if target < start {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{evSubj, metaSubj}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if start > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	cons, err := h.events.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
+	}
+	pending := map[session.Seq][]byte{}
+	var meta []byte
+	var top session.Seq
+	checked := false // the stream's first copy of seq base was compared with mine
+	empty := 0
+	for done := false; !done; {
+		batch, err := cons.FetchNoWait(replayBatch)
+		if err != nil {
+			return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return fmt.Errorf("replay the events stream: %w", err)
+			}
+			if md.Sequence.Stream >= target {
+				done = true
+			}
+			switch {
+			case msg.Subject() == metaSubj:
+				meta = msg.Data()
+			case isControl(msg.Headers()):
+			default:
+				seq, err := seqOf(msg.Data())
+				if err != nil {
+					return fmt.Errorf("replay the events stream: stream sequence %d: %w", md.Sequence.Stream, err)
+				}
+				if _, dup := pending[seq]; seq > base && !dup {
+					pending[seq] = msg.Data()
+					top = max(top, seq)
+				}
+				if seq == base && mine != nil && !checked {
+					checked = true
+					if !bytes.Equal(msg.Data(), mine) {
+						return fmt.Errorf("%w at seq %d", errDiverged, base)
+					}
+				}
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+			return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
+		}
+		if n == 0 && !done {
+			// The consumer may not have the messages at hand yet.
+			if empty++; empty == replayEmptyFetches {
+				return session.Errorf(session.CodeUnavailable, "replay the events stream: it stopped before sequence %d", target)
+			}
+			t := time.NewTimer(replayEmptyWait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", ctx.Err())
+			}
+		}
+	}
+	if top > base {
+		if _, ok := pending[base+1]; !ok {
+			return fmt.Errorf("%w (event %d is missing)", errReplayGap, base+1)
+		}
+	}
+	evs := make([]session.Stored, 0, min(len(pending), maxBatch))
+	flush := func() error {
+		if len(evs) == 0 {
+			return nil
+		}
+		err := hist.Append(ctx, evs)
+		evs = evs[:0]
+		return err
+	}
+	for seq := base + 1; seq <= top; seq++ {
+		raw, ok := pending[seq]
+		if !ok {
+			return fmt.Errorf("%w (event %d is missing)", errReplayGap, seq)
+		}
+		var head struct {
+			Kind session.Kind `json:"kind"`
+		}
+		if err := json.Unmarshal(raw, &head); err != nil || head.Kind == "" {
+			return fmt.Errorf("replay the events stream: event %d has no kind", seq)
+		}
+		evs = append(evs, session.Stored{Seq: seq, Kind: head.Kind, JSON: raw})
+		if len(evs) == maxBatch {
+			if err := flush(); err != nil {
+				return fmt.Errorf("replay into the history: %w", err)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("replay into the history: %w", err)
+	}
+	if meta != nil {
+		var m session.Meta
+		if err := json.Unmarshal(meta, &m); err != nil {
+			return fmt.Errorf("replay the events stream: metadata: %w", err)
+		}
+		if err := hist.SetMeta(ctx, m); err != nil {
+			return fmt.Errorf("replay metadata: %w", err)
+		}
+	}
+	if top > base {
+		s.log.Info("replayed events from the stream", "from", base+1, "to", top)
+	}
+	return nil
+}
