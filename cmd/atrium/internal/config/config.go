@@ -155,6 +155,9 @@ func (t Tracing) check() []error {
 type Log struct {
 	Format string `yaml:"format"` // json or text
 	Level  string `yaml:"level"`  // debug, info, warn, error
+	// Access turns the gateway's access log (one line per HTTP request, at
+	// info) "on" (the default) or "off".
+	Access string `yaml:"access"`
 }
 
 // Auth configures who may call Atrium.
@@ -370,6 +373,7 @@ func (f *File) fillDefaults() {
 	defDur(&f.Node.CheckpointInterval, DefaultCheckpointInterval)
 	def(&f.Log.Format, DefaultLogFormat)
 	def(&f.Log.Level, DefaultLogLevel)
+	def(&f.Log.Access, "on")
 	def(&f.Sandbox.Provider, "local")
 	def(&f.Storage.Type, "dir")
 	def(&f.Tracing.Protocol, TracingHTTP)
@@ -414,6 +418,9 @@ func (f *File) Validate(dev bool) error {
 	case "debug", "info", "warn", "error":
 	default:
 		bad("log.level", "%q: want debug, info, warn or error", f.Log.Level)
+	}
+	if f.Log.Access != "on" && f.Log.Access != "off" {
+		bad("log.access", "%q: want on or off", f.Log.Access)
 	}
 	switch f.Auth.Mode {
 	case AuthOIDC:

@@ -220,6 +220,9 @@ type Config struct {
 	Tracing Tracing
 	// Logger receives operational logs; nil discards them.
 	Logger *slog.Logger
+	// AccessLog logs one line per HTTP request to Logger (component
+	// "access").
+	AccessLog bool
 }
 
 // Server is a running process: a gateway, a node or both.
@@ -646,6 +649,7 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 		ClusterStatus:  s.clusterStatusAny,
 		TracerProvider: s.tracerProvider(),
 		Logger:         cfg.Logger.With("component", "gateway"),
+		AccessLog:      s.accessLog(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -864,4 +868,12 @@ func (h *countingHook) generation(id session.ID) uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.created[id]
+}
+
+// accessLog is the gateway's access logger, nil when it is off.
+func (s *Server) accessLog() *slog.Logger {
+	if !s.cfg.AccessLog {
+		return nil
+	}
+	return s.cfg.Logger.With("component", "access")
 }
