@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,16 +68,23 @@ func randomHex() string {
 	return hex.EncodeToString(b[:])
 }
 
+// errSeqTaken means the stream already held an event under the Msg-Id of
+// one this node published for the first time: another owner wrote that seq
+// (this node lost its lease, or its file diverged from the stream).
+var errSeqTaken = errors.New("the events stream already holds another event with this seq")
+
 // capture publishes msgs to the events stream and waits until every one is
 // stored, retrying the ones that failed with backoff until ctx ends. It
 // returns the highest stream sequence stored. A retry may store a message
-// after one that followed it; replay orders events by seq.
+// after one that followed it; replay orders events by seq. A message the
+// stream reports as a duplicate on its first attempt fails the capture with
+// errSeqTaken (on a retry, the duplicate is the earlier attempt's).
 func (h *Host) capture(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
 	var top uint64
 	pending := msgs
 	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	wait := captureRetryMin
-	for {
+	for first := true; ; first = false {
 		futures = futures[:0]
 		var failed []*nats.Msg
 		var lastErr error
@@ -91,6 +99,9 @@ func (h *Host) capture(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
 		for _, f := range futures {
 			select {
 			case ack := <-f.Ok():
+				if ack.Duplicate && first && f.Msg().Subject != "" && !strings.HasSuffix(f.Msg().Subject, ".meta") {
+					return top, fmt.Errorf("capture event %s: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), errSeqTaken)
+				}
 				top = max(top, ack.Sequence)
 			case err := <-f.Err():
 				failed, lastErr = append(failed, f.Msg()), err

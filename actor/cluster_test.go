@@ -112,7 +112,8 @@ func (c *natsCluster) url(i int) string { return c.servers[i].ClientURL() }
 func connectURL(t testing.TB, url, name string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.Name(name), nats.IgnoreDiscoveredServers(), nats.DontRandomize(),
-		nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
+		nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
+		nats.ReconnectBufSize(-1)) // as a node's (see Config.NATS)
 	if err != nil {
 		t.Fatalf("connect %s: %v", url, err)
 	}

@@ -265,6 +265,14 @@ func (s *sessionActor) onCommitted(m *committed) {
 		return
 	}
 	s.uncommitted -= len(m.batches)
+	if m.err != nil && m.c.uncaptured.Load() {
+		// The history has events the stream does not: this node may no
+		// longer write the session (another owner wrote those seqs, or
+		// the lease is going). Stop; the next activation reconciles the
+		// file with the stream. Callers are told to retry.
+		m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
+		s.send(&leaseLost{why: "its events could not be captured"})
+	}
 	if m.err != nil {
 		var dropped []pendingEvent
 		for _, b := range m.batches {

@@ -79,7 +79,10 @@ var ShellTemplate = []string{"bash", "-lc", `IFS= read -r _atrium_input; eval "$
 
 // Config configures a Host. NATS, Histories and Provider are required.
 type Config struct {
-	// NATS is the connection the host serves on. The caller owns it.
+	// NATS is the connection the host serves on. The caller owns it. Give
+	// it nats.ReconnectBufSize(-1): a message buffered while disconnected
+	// would be sent after the reconnect, when the session may have another
+	// owner.
 	NATS *nats.Conn
 	// Subjects names the subjects and buckets; the zero value uses the
 	// default prefix.

@@ -156,6 +156,11 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 	}
 	if local > streamSeq {
 		if err := s.republish(ctx, hist, streamSeq, local); err != nil {
+			if errors.Is(err, errDiverged) {
+				s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+					"last_seq", local, "stream_seq", streamSeq)
+				return false, nil
+			}
 			return false, err
 		}
 	}
@@ -185,6 +190,12 @@ func (s *sessionActor) republish(ctx context.Context, hist History, from, to ses
 			after = seq
 		}
 		if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, evs, nil); err != nil {
+			if errors.Is(err, errSeqTaken) {
+				// The stream has another event under one of these seqs
+				// (a read of its end that lagged behind another owner's
+				// writes): this file diverged.
+				return fmt.Errorf("re-publish events: %w", errDiverged)
+			}
 			return session.Errorf(session.CodeUnavailable, "re-publish events: %v", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/channel"
 	"github.com/atriumhq/atrium/gateway/hooks"
 	"github.com/atriumhq/atrium/gateway/slack"
+	"github.com/atriumhq/atrium/gateway/task"
 	"github.com/atriumhq/atrium/gateway/telegram"
 	"github.com/atriumhq/atrium/session"
 )
@@ -67,6 +68,7 @@ func (s *Server) mountChannels(mux *http.ServeMux, cfg *Channels) (*channels, er
 	}
 	sc := cfg.Service
 	sc.NATS, sc.Subjects, sc.Sessions, sc.Gateway = s.nc, s.subj, chatSessions{s}, s.id
+	sc.Tasks = chatTasks{s}
 	sc.Logger = s.log.With("component", "channels")
 	if cfg.Hooks != nil {
 		hc := *cfg.Hooks
@@ -377,4 +379,30 @@ func (c chatSessions) History(ctx context.Context, p session.Principal, id sessi
 		return nil, false, err
 	}
 	return reply.Events, reply.More, nil
+}
+
+// chatTasks implements channel.Tasks with the task service of POST
+// /v1/tasks (Server.tasks, set up after the channels; nil without
+// Config.Tasks), with the same audit entries.
+type chatTasks struct{ s *Server }
+
+var _ channel.Tasks = chatTasks{}
+
+func (c chatTasks) StartTask(ctx context.Context, p session.Principal, req channel.TaskRequest) (session.ID, error) {
+	s := c.s
+	if s.tasks == nil {
+		return "", channel.ErrNoTasks
+	}
+	t, err := s.tasks.Start(ctx, p, task.Request{Repo: req.Repo, Base: req.Base, Prompt: req.Prompt})
+	if err != nil {
+		var se *session.Error
+		if errors.As(err, &se) && se.Code == session.CodeForbidden {
+			s.auditDenied(ctx, "", p, "", "start task on "+req.Repo, nil, err)
+		}
+		return "", err
+	}
+	e := entry(p, "", ActTaskStarted)
+	e.Session, e.Target, e.Detail = string(t.Session), t.ID, "repo "+t.Repo+", base "+t.Base+", from "+p.Via
+	s.record(ctx, e)
+	return t.Session, nil
 }

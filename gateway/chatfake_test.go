@@ -649,6 +649,15 @@ func (a *agent) onEvent(m *nats.Msg) {
 	a.mu.Unlock()
 	a.append(id, ev.By, session.KindTurnStarted, session.TurnStartedData{Turn: turn, PromptSeq: ev.Seq})
 	verb, arg, _ := strings.Cut(md.Text, " ")
+	if taskID, _, ok := strings.Cut(md.ClientID, "."); ok && strings.HasPrefix(taskID, "task_") {
+		// A repository task's prompt (channels_task_test.go): what the
+		// task wrapper prints when the work changed something and its
+		// branch was pushed.
+		a.append(id, session.BySystem, session.KindAgent, map[string]any{"turn": turn, "type": "task_result",
+			"changes": true, "branch": "atrium/" + taskID, "commit": "0123456789abcdef0123456789abcdef01234567"})
+		a.finish(id, turn, session.TurnOK, 0)
+		return
+	}
 	switch verb {
 	case "echo":
 		a.append(id, session.BySystem, session.KindOutput, session.OutputData{Turn: turn, Stream: "stdout", Text: arg + "\n"})

@@ -201,6 +201,12 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 		n.respond(m, session.Reply{Seq: seq})
 	case session.OpCancel, session.OpApprove:
 		n.respond(m, session.Reply{})
+	case session.OpSecretSet, session.OpSecretDelete: // repository tasks (channels_task_test.go)
+		n.respond(m, session.Reply{})
+	case session.OpPROpened:
+		n.appendLocked(s, session.KindPROpened, user, cmd.PR)
+		n.putLocked(s)
+		n.respond(m, session.Reply{})
 	case session.OpHistory:
 		r := session.Reply{LastSeq: session.Seq(len(s.events)), Epoch: s.entry.Epoch}
 		size := 0

@@ -50,6 +50,10 @@ func (s *Service) receive(ctx context.Context, ch Channel, in Incoming) error {
 		return nil
 	}
 	text := strings.TrimSpace(in.Text)
+	if in.Start && isTask(text) {
+		in.Text = text
+		return s.receiveTask(ctx, ch, in, p)
+	}
 	id, err := s.st.sessionOf(ctx, in.Thread)
 	if err != nil {
 		return err
@@ -321,6 +325,8 @@ func (s *Service) press(ctx context.Context, ch Channel, pr Press) (string, erro
 // Telegram) and returns the reply for the person who typed it:
 //
 //	new PROMPT   start a session (in a new thread where the platform has them) and send it PROMPT
+//	task REPO-URL [--base BRANCH] PROMPT
+//	             start a repository task (task.go) whose session is bound like new's
 //	status [ID]  the session of this thread, the latest one of this channel, or ID
 //	cancel [ID]  cancel its running turn (drivers)
 //	link [ID]    its address in the web UI
@@ -351,6 +357,8 @@ func (s *Service) command(ctx context.Context, ch Channel, c Command) (string, e
 	switch name {
 	case "new":
 		return s.commandNew(ctx, ch, c, p, args)
+	case "task":
+		return s.commandTask(ctx, ch, c, p, args)
 	case "status", "cancel", "link":
 	default:
 		return fmt.Sprintf("I don't know the command “%s”.\n\n%s", name, s.help(c.Prefix)), nil
@@ -479,6 +487,7 @@ func (s *Service) help(prefix string) string {
 	return fmt.Sprintf("Atrium runs an agent session per thread. Mention me with a request to start one; "+
 		"later messages in the thread that mention me go to the same session.\n"+
 		"%[1]snew PROMPT: start a session with PROMPT\n"+
+		"%[1]stask REPO-URL [--base BRANCH] PROMPT: work on a repository and open a pull request; its link is posted in the thread\n"+
 		"%[1]sstatus [ID]: the state of this thread's (or the latest) session\n"+
 		"%[1]scancel [ID]: cancel its running turn\n"+
 		"%[1]slink [ID]: its address in the web UI", prefix)

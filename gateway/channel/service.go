@@ -70,6 +70,9 @@ type Config struct {
 	Sessions Sessions
 	// Webhooks delivers outbound webhooks; nil if there are none.
 	Webhooks Webhooks
+	// Tasks starts repository tasks for "task" commands; nil: they answer
+	// that tasks are not set up.
+	Tasks Tasks
 	// Identity maps platform users to Atrium users.
 	Identity Identity
 	// PublicURL is the web UI's address; messages link to

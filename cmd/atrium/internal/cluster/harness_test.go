@@ -307,10 +307,13 @@ type Lease struct {
 	Raw []byte
 }
 
-func parseLease(e jetstream.KeyValueEntry) Lease {
-	l := Lease{Revision: e.Revision(), Raw: e.Value()}
+func parseLease(e jetstream.KeyValueEntry) Lease { return parseLeaseValue(e.Revision(), e.Value()) }
+
+// parseLeaseValue decodes the value of a lease at revision rev.
+func parseLeaseValue(rev uint64, value []byte) Lease {
+	l := Lease{Revision: rev, Raw: value}
 	var v session.Lease
-	if json.Unmarshal(e.Value(), &v) == nil {
+	if json.Unmarshal(value, &v) == nil {
 		l.Node, l.Acquired = v.Node, v.Acquired.Time
 	}
 	return l
@@ -361,31 +364,51 @@ func (c *Cluster) WaitOwner(id session.ID, not string) Lease {
 	return Lease{}
 }
 
-// Leases returns every lease in the owners KV, by session key.
+// Leases returns every lease in the owners KV, by session key. It reads the
+// bucket's stream with an ordered consumer (last message per key) rather
+// than a KV key lister: a lister's watcher keeps receiving the renewals of
+// busy leases, and its handler blocks forever once nobody reads them.
 func (c *Cluster) Leases(ctx context.Context) (map[string]Lease, error) {
-	kv, err := c.owners(ctx)
+	bucket := session.Subjects{}.OwnersBucket()
+	st, err := c.js.Stream(ctx, "KV_"+bucket)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list leases: %w", err)
 	}
-	lister, err := kv.ListKeys(ctx)
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"$KV." + bucket + ".lease.>"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
 	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return map[string]Lease{}, nil
-		}
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
 	out := map[string]Lease{}
-	for k := range lister.Keys() {
-		if !strings.HasPrefix(k, "lease.") {
-			continue
-		}
-		e, err := kv.Get(ctx, k)
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			continue // expired or released since listing
+			return nil, fmt.Errorf("list leases: %w", err)
 		}
-		out[strings.TrimPrefix(k, "lease.")] = parseLease(e)
+		n, pending := 0, uint64(0)
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("list leases: %w", err)
+			}
+			pending = md.NumPending
+			key := strings.TrimPrefix(msg.Subject(), "$KV."+bucket+".")
+			if op := msg.Headers().Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+				delete(out, strings.TrimPrefix(key, "lease."))
+				continue
+			}
+			out[strings.TrimPrefix(key, "lease.")] = parseLeaseValue(md.Sequence.Stream, msg.Data())
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, fmt.Errorf("list leases: %w", err)
+		}
+		if n == 0 || pending == 0 {
+			return out, nil
+		}
 	}
-	return out, nil
 }
 
 // startNATSCluster starts n nats-servers with JetStream clustered on

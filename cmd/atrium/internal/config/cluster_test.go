@@ -40,13 +40,23 @@ auth: {mode: tokens}
 		t.Fatalf("loaded %+v", f)
 	}
 
+	t.Run("external NATS lease default", func(t *testing.T) {
+		f, err := config.Load(write(t, "nats: {urls: [nats://127.0.0.1:4222]}\n"), env(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Node.LeaseTTL != config.DefaultLeaseTTL {
+			t.Fatalf("lease TTL %v with an external NATS cluster, want %v", f.Node.LeaseTTL, config.DefaultLeaseTTL)
+		}
+	})
+
 	t.Run("defaults", func(t *testing.T) {
 		f, err := config.Load("", env(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !f.HasRole(config.RoleGateway) || !f.HasRole(config.RoleNode) || len(f.NATS.URLs) != 0 || f.NATS.Replicas != 1 ||
-			f.Node.ID == "" || f.NATS.Name != "atrium-"+f.Node.ID || f.Node.LeaseTTL != config.DefaultLeaseTTL ||
+			f.Node.ID == "" || f.NATS.Name != "atrium-"+f.Node.ID || f.Node.LeaseTTL != config.DefaultEmbeddedLeaseTTL ||
 			f.Node.DrainGrace != config.DefaultDrainGrace || f.Node.CheckpointInterval != config.DefaultCheckpointInterval {
 			t.Fatalf("defaults %+v", f)
 		}

@@ -43,6 +43,11 @@ const (
 	// DefaultLeaseTTL is how long a node's ownership of a session lasts
 	// without renewal: the takeover time after a node dies.
 	DefaultLeaseTTL = 3 * time.Second
+	// DefaultEmbeddedLeaseTTL replaces it when NATS is embedded (no
+	// nats.urls): the node and NATS live and die together, no other node
+	// can take a session over, and a short lease would only risk stopping
+	// sessions on a machine too loaded to renew in time.
+	DefaultEmbeddedLeaseTTL = 30 * time.Second
 	// DefaultDrainGrace is how long a stopping node lets running turns
 	// finish before it cancels them.
 	DefaultDrainGrace = 30 * time.Second
@@ -368,7 +373,11 @@ func (f *File) fillDefaults() {
 	if f.NATS.Replicas == 0 {
 		f.NATS.Replicas = DefaultNATSReplicas
 	}
-	defDur(&f.Node.LeaseTTL, DefaultLeaseTTL)
+	if len(f.NATS.URLs) == 0 {
+		defDur(&f.Node.LeaseTTL, DefaultEmbeddedLeaseTTL)
+	} else {
+		defDur(&f.Node.LeaseTTL, DefaultLeaseTTL)
+	}
 	defDur(&f.Node.DrainGrace, DefaultDrainGrace)
 	defDur(&f.Node.CheckpointInterval, DefaultCheckpointInterval)
 	def(&f.Log.Format, DefaultLogFormat)

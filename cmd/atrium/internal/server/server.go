@@ -53,6 +53,10 @@ const (
 	// DefaultReconnectWait is the pause between attempts to reconnect to
 	// an external NATS cluster (jittered); attempts never stop.
 	DefaultReconnectWait = time.Second
+	// DefaultEmbeddedLeaseTTL is the node's lease TTL when NATS is
+	// embedded: no other node can take a session over, so the lease only
+	// has to survive a loaded machine (see config.DefaultEmbeddedLeaseTTL).
+	DefaultEmbeddedLeaseTTL = 30 * time.Second
 	// DefaultPingInterval is how often the connection to an external NATS
 	// cluster is pinged: two unanswered pings mark it disconnected, which
 	// /readyz reports.
@@ -297,6 +301,9 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.NodeID == "" {
 		cfg.NodeID = defaultNodeID()
+	}
+	if cfg.LeaseTTL == 0 && len(cfg.NATS.URLs) == 0 {
+		cfg.LeaseTTL = DefaultEmbeddedLeaseTTL
 	}
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "atrium-" + cfg.NodeID
