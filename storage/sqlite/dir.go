@@ -41,6 +41,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -90,10 +92,17 @@ func (d *Dir) Create(ctx context.Context, m session.Meta) (_ *Log, err error) {
 	}
 	tmp := f.Name()
 	defer removeFiles(tmp) // Cleans up after a failure; the temporary name only.
-	if err := f.Close(); err != nil {
+	empty := d.emptyHistory(ctx)
+	if empty != nil {
+		_, err = f.Write(empty)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
-	l, err := d.open(ctx, tmp, m.ID, true)
+	l, err := d.open(ctx, tmp, m.ID, empty == nil)
 	if err != nil {
 		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
@@ -117,6 +126,54 @@ func (d *Dir) Create(ctx context.Context, m session.Meta) (_ *Log, err error) {
 		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
 	return d.Open(ctx, m.ID)
+}
+
+// emptyFile is the bytes of a closed history file in WAL mode with the
+// current schema and no metadata, built once per process by the first Create
+// (see Dir.emptyHistory).
+var emptyFile struct {
+	mu sync.Mutex             // held while building
+	b  atomic.Pointer[[]byte] // nil until built
+}
+
+// emptyHistory returns the bytes of an empty history file (WAL mode, schema
+// migrated, no metadata), building them in d.Path on first use; nil if that
+// failed, and Create then builds the file itself. Copying them saves each
+// Create turning a new file into a WAL database and running the migrations,
+// which costs a rollback journal, its fsyncs and the schema's parse: about a
+// third of a Create. The journal mode, page size and user_version live in
+// the file, so the copy is the same database the migrations would make.
+func (d *Dir) emptyHistory(ctx context.Context) []byte {
+	if b := emptyFile.b.Load(); b != nil {
+		return *b
+	}
+	emptyFile.mu.Lock()
+	defer emptyFile.mu.Unlock()
+	if b := emptyFile.b.Load(); b != nil {
+		return *b
+	}
+	f, err := os.CreateTemp(d.Path, ".empty.*.tmp")
+	if err != nil {
+		return nil
+	}
+	tmp := f.Name()
+	defer removeFiles(tmp)
+	if err := f.Close(); err != nil {
+		return nil
+	}
+	l, err := d.open(context.WithoutCancel(ctx), tmp, "", true)
+	if err != nil {
+		return nil
+	}
+	if err := l.Close(); err != nil { // Close checkpoints: the file is whole.
+		return nil
+	}
+	b, err := os.ReadFile(tmp)
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	emptyFile.b.Store(&b)
+	return b
 }
 
 // Open opens the history of id and brings its schema up to date. It fails with

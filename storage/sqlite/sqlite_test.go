@@ -95,6 +95,51 @@ func seqRange(from, to session.Seq) []session.Seq {
 	return out
 }
 
+// TestDir_CreateFromEmptyCopy checks the histories Create makes by copying
+// the process's empty history file (every Create after the first): WAL mode,
+// their own metadata, appendable, reopened intact, and nothing left behind.
+func TestDir_CreateFromEmptyCopy(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t)
+	for _, id := range []session.ID{"s_a", "s_b", "s_c"} {
+		l := mustCreate(t, d, id)
+		if got, err := l.Meta(ctx); err != nil || got.Title != "t "+string(id) {
+			t.Errorf("%s: Meta = %+v, %v", id, got, err)
+		}
+		if err := l.Append(ctx, batch(1, 3, 50)); err != nil {
+			t.Fatalf("%s: Append: %v", id, err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatalf("%s: Close: %v", id, err)
+		}
+		if mode := journalMode(t, filepath.Join(d.Path, string(id)+".db")); mode != "wal" {
+			t.Errorf("%s: journal_mode = %q, want wal", id, mode)
+		}
+		l, err := d.Open(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: Open: %v", id, err)
+		}
+		if n, err := l.LastSeq(ctx); err != nil || n != 3 {
+			t.Errorf("%s: LastSeq after reopen = %d, %v; want 3", id, n, err)
+		}
+		if got, err := l.Meta(ctx); err != nil || got.ID != id || got.Title != "t "+string(id) {
+			t.Errorf("%s: Meta after reopen = %+v, %v", id, got, err)
+		}
+		l.Close()
+	}
+	ents, err := os.ReadDir(d.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{"s_a.db", "s_b.db", "s_c.db"}; !slices.Equal(names, want) {
+		t.Errorf("directory holds %v, want %v", names, want)
+	}
+}
+
 func TestDir_CreateOpen(t *testing.T) {
 	ctx := context.Background()
 	d := newDir(t)
