@@ -37,57 +37,25 @@ type natsCluster struct {
 func newNATSCluster(t testing.TB) *natsCluster {
 	t.Helper()
 	c := &natsCluster{}
-	// Route ports are chosen up front: every server lists the others.
-	ports := make([]int, 3)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	// A route port picked up front can be taken by a parallel test before
+	// its server binds it, and that server never becomes ready: start the
+	// cluster again on other ports.
+	var err error
+	for range 3 {
+		if c.servers, err = startNATSServers(t); err == nil {
+			break
 		}
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
+		t.Logf("nats cluster: %v; starting it again on other ports", err)
 	}
-	for i := range 3 {
-		var routes []string
-		for j, p := range ports {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
-			}
-		}
-		opts := &server.Options{
-			ServerName: fmt.Sprintf("nats-%d", i),
-			Host:       "127.0.0.1",
-			Port:       -1,
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			NoLog:      true,
-			NoSigs:     true,
-			Cluster:    server.ClusterOpts{Name: "atrium-test", Host: "127.0.0.1", Port: ports[i]},
-			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
-		}
-		ns, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatalf("nats server %d: %v", i, err)
-		}
-		ns.Start()
-		t.Cleanup(func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		})
-		c.servers = append(c.servers, ns)
-	}
-	// A clustered JetStream server is ready once the cluster has formed.
-	for i, ns := range c.servers {
-		if !ns.ReadyForConnections(30 * time.Second) {
-			t.Fatalf("nats server %d not ready", i)
-		}
+	if err != nil {
+		t.Fatal(err)
 	}
 	nc := connectURL(t, c.url(0), "probe")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "probe", Replicas: 3})
@@ -106,6 +74,63 @@ func newNATSCluster(t testing.TB) *natsCluster {
 }
 
 func (c *natsCluster) url(i int) string { return c.servers[i].ClientURL() }
+
+// startNATSServers starts three clustered servers on fresh route ports and
+// waits until each is ready; on failure it shuts down what it started.
+// Cleanup shuts the servers down.
+func startNATSServers(t testing.TB) ([]*server.Server, error) {
+	ports := make([]int, 3)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	var servers []*server.Server
+	stop := func() {
+		for _, ns := range servers {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+	}
+	for i := range 3 {
+		var routes []string
+		for j, p := range ports {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+			}
+		}
+		ns, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprintf("nats-%d", i),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoLog:      true,
+			NoSigs:     true,
+			Cluster:    server.ClusterOpts{Name: "atrium-test", Host: "127.0.0.1", Port: ports[i]},
+			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
+		})
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("nats server %d: %w", i, err)
+		}
+		ns.Start()
+		servers = append(servers, ns)
+	}
+	// A clustered JetStream server is ready once the cluster has formed; a
+	// CI machine compiling every package at once may take a while.
+	for i, ns := range servers {
+		if !ns.ReadyForConnections(45 * time.Second) {
+			stop()
+			return nil, fmt.Errorf("nats server %d not ready", i)
+		}
+	}
+	t.Cleanup(stop)
+	return servers, nil
+}
 
 // connectURL connects to one server only (no discovered servers), and
 // reconnects to it forever; Cleanup closes the connection.

@@ -143,7 +143,14 @@ func (e *env) request(subject, user string, body any, timeout time.Duration) (*n
 // place sends a place request and returns the reply.
 func (e *env) place(user string, req session.PlaceRequest) session.Reply {
 	e.t.Helper()
+	// On a cluster, a node's interest in the place subject reaches the
+	// other servers a moment after it subscribed: no responders until then.
+	deadline := time.Now().Add(10 * time.Second)
 	resp, err := e.request(e.subj.Place(), user, req, 20*time.Second)
+	for errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // interest propagation has no notification to wait on
+		resp, err = e.request(e.subj.Place(), user, req, 20*time.Second)
+	}
 	if err != nil {
 		e.t.Fatalf("place %s %s: %v", req.Op, req.Session, err)
 	}
