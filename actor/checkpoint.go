@@ -278,6 +278,9 @@ func (s *sessionActor) onCheckpointDone(ctx proto.Context, m *checkpointDone) {
 		s.log.Warn("checkpoint", "err", m.err)
 	default:
 		s.ckptSeq = m.seq
+		if s.lease != nil && s.h.cfg.Checkpoints != nil {
+			s.lease.checkpointed.Store(int64(m.seq))
+		}
 	}
 	if s.phase == phaseActive {
 		s.armCheckpoint()

@@ -659,7 +659,8 @@ func (f *freezableStore) Put(ctx context.Context, key string, r io.Reader, size 
 }
 
 // TestHost_UpgradesOwnersBucket starts a node on an owners bucket made by
-// an older node, without a TTL: the node gives it the lease TTL, and the
+// an older node, with a bucket TTL (per-session leases): the node drops the
+// TTL (records are held by node leases now), enables per-key TTLs, and the
 // fences it hands out continue above the old ones.
 func TestHost_UpgradesOwnersBucket(t *testing.T) {
 	ns := startJetStream(t)
@@ -669,7 +670,7 @@ func TestHost_UpgradesOwnersBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	subj := session.Subjects{}
-	old, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: subj.OwnersBucket()})
+	old, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: subj.OwnersBucket(), TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -682,8 +683,8 @@ func TestHost_UpgradesOwnersBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.TTL() != 1500*time.Millisecond {
-		t.Errorf("owners bucket TTL %v after the upgrade, want the lease TTL", st.TTL())
+	if st.TTL() != 0 || st.LimitMarkerTTL() <= 0 {
+		t.Errorf("owners bucket TTL %v, marker TTL %v after the upgrade; want no TTL and markers", st.TTL(), st.LimitMarkerTTL())
 	}
 	e := gatewayEnv(t, ns.ClientURL())
 	id := e.create("alice", shell())
@@ -693,9 +694,10 @@ func TestHost_UpgradesOwnersBucket(t *testing.T) {
 	}
 }
 
-// TestHost_LeaseHeldElsewhere: a place request for a session whose lease
-// another node holds is answered unavailable, naming that node, and nothing
-// is opened; once the lease is gone the session activates.
+// TestHost_LeaseHeldElsewhere: a place request for a session whose record
+// names a live incarnation of another node is answered unavailable, naming
+// that node, and nothing is opened; once that node's lease expires the
+// session is taken over, its record rewritten with a higher fence.
 func TestHost_LeaseHeldElsewhere(t *testing.T) {
 	ns := startJetStream(t)
 	n := startNode(t, "a", ns.ClientURL(), newProvider(t), nil, withHibernate(50*time.Millisecond))
@@ -708,8 +710,15 @@ func TestHost_LeaseHeldElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	val, _ := json.Marshal(session.Lease{Node: "z", Acquired: session.Time{Time: time.Now().UTC()}})
-	rev, err := owners.Create(t.Context(), session.LeaseKey(id), val)
+	// Node z: a lease that expires in 2s unless renewed (it is not), and a
+	// record of the session under its incarnation.
+	now := session.Time{Time: time.Now().UTC()}
+	zl, _ := json.Marshal(session.Lease{Node: "z", Inc: "z1", Acquired: now})
+	if _, err := owners.Create(t.Context(), session.NodeLeaseKey("z"), zl, jetstream.KeyTTL(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(session.Lease{Node: "z", Inc: "z1", Acquired: now})
+	rev, err := owners.Put(t.Context(), session.LeaseKey(id), rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -720,10 +729,104 @@ func TestHost_LeaseHeldElsewhere(t *testing.T) {
 	if _, held := leaseOf(n.host, id); held {
 		t.Error("node a lists a lease it could not take")
 	}
-	if err := owners.Delete(t.Context(), session.LeaseKey(id), jetstream.LastRevision(rev)); err != nil {
-		t.Fatal(err)
+	eventually(t, "taken over once node z's lease expired", func() bool {
+		rep := e.place("alice", session.PlaceRequest{Op: session.PlaceActivate, Session: id})
+		return rep.Error == nil
+	})
+	l, held := leaseOf(n.host, id)
+	if !held || l.Fence <= int64(rev) {
+		t.Fatalf("node a's lease %+v (held %v), want a fence above node z's %d", l, held, rev)
 	}
 	if rep := served(t, e, id, session.Command{Op: session.OpInfo}); rep.Error != nil {
-		t.Fatalf("info once the lease is free: %v", rep.Error)
+		t.Fatalf("info once taken over: %v", rep.Error)
 	}
+}
+
+// TestHost_OneRenewalPerNode: sessions are held by the node's lease, so
+// while many are active the owners bucket sees the node lease's renewals
+// and nothing per session.
+func TestHost_OneRenewalPerNode(t *testing.T) {
+	ns := startJetStream(t)
+	const ttl = MinLeaseTTL
+	n := startNode(t, "a", ns.ClientURL(), newProvider(t), nil, func(c *Config) { c.LeaseTTL = ttl })
+	e := gatewayEnv(t, ns.ClientURL())
+	const sessions = 20
+	for range sessions {
+		e.create("alice", shell())
+	}
+	if got := len(n.host.Leases()); got != sessions {
+		t.Fatalf("node holds %d sessions, want %d", got, sessions)
+	}
+	js, _ := jetstream.New(e.gw)
+	st, err := js.Stream(t.Context(), "KV_"+session.Subjects{}.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := func() uint64 {
+		info, err := st.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	renewed := func() time.Time { return n.host.Leases()[0].Renewed }
+	seq0, r0 := lastSeq(), renewed()
+	// Four renewals of the node lease: over a TTL, in which per-session
+	// leases would have been renewed three times each.
+	renewals := 0
+	for last := r0; renewals < 4; {
+		eventually(t, "a node lease renewal", func() bool { return renewed().After(last) })
+		last = renewed()
+		renewals++
+	}
+	if got := lastSeq() - seq0; got > uint64(renewals)+1 {
+		t.Errorf("owners bucket got %d writes over %d node lease renewals with %d active sessions, want about one per renewal", got, renewals, sessions)
+	}
+	if got := len(n.host.Leases()); got != sessions {
+		t.Errorf("node holds %d sessions after the renewals, want %d", got, sessions)
+	}
+}
+
+// TestCluster_RescueDeadNode: a node dies with a turn running and a prompt
+// queued, and nobody is connected. When its lease expires, the other node
+// takes the session over on its own, finishes the interrupted turn as
+// failed and runs the queued prompt.
+func TestCluster_RescueDeadNode(t *testing.T) {
+	ns := startJetStream(t)
+	prov := newProvider(t)
+	a := startNode(t, "a", ns.ClientURL(), prov, nil)
+	e := gatewayEnv(t, ns.ClientURL())
+	id := e.create("alice", shell())
+	for _, text := range []string{"sleep 30", "echo rescued"} {
+		if rep := served(t, e, id, session.Command{Op: session.OpPrompt, Text: text}); rep.Error != nil {
+			t.Fatalf("prompt %q: %v", text, rep.Error)
+		}
+	}
+	b := startNode(t, "b", ns.ClientURL(), prov, nil)
+	if _, ok := leaseOf(a.host, id); !ok {
+		t.Fatalf("node a does not hold %s", id)
+	}
+
+	a.nc.Close() // Node a dies: no renewal, no release.
+	// No command is sent: only the rescue can bring the session to node b.
+	eventually(t, "node b to take the session over on its own", func() bool { _, ok := leaseOf(b.host, id); return ok })
+
+	fin, evs := waitTurn(t, e, id, 2)
+	if fin.Status != session.TurnOK {
+		t.Errorf("queued turn 2 finished %+v", fin)
+	}
+	if got := outputText(t, evs, 2, "stdout"); got != "rescued\n" {
+		t.Errorf("turn 2 stdout %q", got)
+	}
+	var first *session.TurnFinishedData
+	for _, ev := range evs {
+		var d session.TurnFinishedData
+		if ev.Kind == session.KindTurnFinished && json.Unmarshal(ev.Data, &d) == nil && d.Turn == 1 {
+			first = &d
+		}
+	}
+	if first == nil || first.Status != session.TurnFailed {
+		t.Errorf("interrupted turn 1 finished %+v, want failed", first)
+	}
+	checkContiguous(t, evs)
 }

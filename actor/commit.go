@@ -255,6 +255,8 @@ func (s *sessionActor) flush() {
 		b.meta = &m
 		b.metaAfter, s.metaAfter = s.metaAfter, nil
 		s.metaDirty = false
+		// Metadata has no seq: the newest checkpoint lacks it now.
+		s.ckptSeq = -1
 	}
 	s.uncommitted++
 	s.committer.add(b)

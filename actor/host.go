@@ -29,7 +29,6 @@ package actor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -125,7 +124,9 @@ type Config struct {
 	// SaveInterval is how often a running turn's workspace is saved;
 	// DefaultSaveInterval if zero.
 	SaveInterval time.Duration
-	// NodeID names this node in logs.
+	// NodeID names this node in logs, leases and catalog entries; when set,
+	// the node also takes place requests on its own subject
+	// (session.Subjects.PlaceOn), so sessions wake where their history is.
 	NodeID string
 	// HibernateAfter is how long an idle session stays active;
 	// DefaultHibernateAfter if zero.
@@ -212,6 +213,9 @@ type Host struct {
 	boxes   *sandboxes
 	reads   chan readJob
 	place   *nats.Subscription
+	// placeOn is the subscription to this node's own place subject
+	// (Subjects.PlaceOn(NodeID)), nil without a NodeID: placement affinity.
+	placeOn *nats.Subscription
 	metrics *metrics
 	tracer  trace.Tracer // nil: tracing off
 	// stopResume ends resume, which activates the sessions that were
@@ -224,11 +228,16 @@ type Host struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // every goroutine the host and its sessions start
 
+	// node is the node's lease (lease.go); closing stopNode ends its
+	// renewer.
+	node     *nodeLease
+	stopNode chan struct{}
+
 	leaseMu sync.Mutex
-	leases  map[session.ID]*lease // guarded by leaseMu: the leases held
-	// released maps a session whose lease this node released to the
-	// revision of its delete marker; guarded by leaseMu.
-	released map[session.ID]uint64
+	leases  map[session.ID]*lease // guarded by leaseMu: the sessions held
+	// released maps a session whose record this node released to what it
+	// remembers of it; guarded by leaseMu.
+	released map[session.ID]releasedLease
 
 	mu       sync.Mutex
 	started  bool  // guarded by mu
@@ -305,6 +314,10 @@ func New(cfg Config) (*Host, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.NodeID == "" {
+		// The node lease needs a name; one for this process only.
+		cfg.NodeID = "node-" + session.NewEpoch()
+	}
 	templates := map[string][]string{session.DefaultTemplate: ShellTemplate}
 	for name, argv := range cfg.Templates {
 		if len(argv) == 0 {
@@ -328,7 +341,7 @@ func New(cfg Config) (*Host, error) {
 		managerDone:    make(chan struct{}),
 		managerStopped: make(chan struct{}),
 		leases:         map[session.ID]*lease{},
-		released:       map[session.ID]uint64{},
+		released:       map[session.ID]releasedLease{},
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}
@@ -378,6 +391,12 @@ func (h *Host) Start(ctx context.Context) error {
 	if h.events, err = openEvents(ctx, js, &h.cfg); err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
+	h.node = &nodeLease{h: h, key: session.NodeLeaseKey(h.cfg.NodeID)}
+	if err := h.node.acquire(ctx); err != nil {
+		return fmt.Errorf("start host: %w", err)
+	}
+	h.stopNode = make(chan struct{})
+	h.wg.Go(func() { h.node.run(h.stopNode) })
 	h.catalog = newCatalogWriter(kv, h.log)
 	h.wg.Go(h.catalog.run)
 
@@ -402,58 +421,35 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start host: spawn manager: %w", err)
 	}
 
+	subjects := h.cfg.Subjects.Place()
 	h.place, err = h.cfg.NATS.QueueSubscribe(h.cfg.Subjects.Place(), h.cfg.Subjects.PlaceQueue(), h.onPlace)
+	// Placement affinity: gateways ask this node by name first to activate
+	// a session whose history file is on its disk (CatalogEntry.Node).
+	if err == nil && h.cfg.NodeID != "" {
+		subjects += " and " + h.cfg.Subjects.PlaceOn(h.cfg.NodeID)
+		h.placeOn, err = h.cfg.NATS.Subscribe(h.cfg.Subjects.PlaceOn(h.cfg.NodeID), h.onPlace)
+	}
 	if err == nil {
 		err = h.cfg.NATS.FlushWithContext(ctx)
 	}
 	if err != nil {
+		for _, sub := range []*nats.Subscription{h.place, h.placeOn} {
+			if sub != nil {
+				sub.Unsubscribe()
+			}
+		}
 		h.system.Root.Stop(h.manager)
 		<-h.managerStopped
 		h.stopWorkersLocked()
-		return fmt.Errorf("start host: subscribe %s: %w", h.cfg.Subjects.Place(), err)
+		return fmt.Errorf("start host: subscribe %s: %w", subjects, err)
 	}
 	h.started = true
 	h.log.Info("node serving", "subject", h.cfg.Subjects.Place())
 	var rctx context.Context
 	rctx, h.stopResume = context.WithCancel(context.Background())
 	h.wg.Go(func() { h.resume(rctx) })
+	h.wg.Go(func() { h.watchNodes(rctx) })
 	return nil
-}
-
-// resume activates every session whose catalog entry says it is active: it
-// was active when the node stopped or crashed, so it may have an interrupted
-// turn to finish or queued prompts to run, with nobody connected to wake it.
-// A session whose history is not on this node fails to activate quietly.
-func (h *Host) resume(ctx context.Context) {
-	w, err := h.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		if ctx.Err() == nil {
-			h.log.Warn("resume active sessions: watch catalog", "err", err)
-		}
-		return
-	}
-	defer w.Stop()
-	n := 0
-	for {
-		var ent jetstream.KeyValueEntry
-		select {
-		case ent = <-w.Updates():
-		case <-ctx.Done():
-			return
-		}
-		if ent == nil {
-			break // the initial values are done
-		}
-		var c session.CatalogEntry
-		if err := json.Unmarshal(ent.Value(), &c); err != nil || c.State != session.StateActive || c.ID.Validate() != nil {
-			continue
-		}
-		h.system.Root.Send(h.manager, &placeMsg{req: session.PlaceRequest{Op: session.PlaceActivate, Session: c.ID}})
-		n++
-	}
-	if n > 0 {
-		h.log.Info("resuming sessions that were active when the node stopped", "sessions", n)
-	}
 }
 
 // Close drains the node (the SIGTERM path): it stops taking place requests,
@@ -486,6 +482,9 @@ func (h *Host) Close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("drain place subscription: %w", err))
 	default:
 		waitSubClosed(ctx, h.place)
+		if h.placeOn != nil {
+			waitSubClosed(ctx, h.placeOn)
+		}
 	}
 	h.system.Root.Send(h.manager, &shutdown{})
 	select {
@@ -503,22 +502,38 @@ func (h *Host) Close(ctx context.Context) error {
 	return h.closeErr
 }
 
-// drainPlace drains the place subscription; cut off from NATS it only
-// unsubscribes (ErrDisconnected), since a drain would wait for the server.
+// drainPlace drains the place subscriptions (the queue group's and, with a
+// NodeID, the node's own); cut off from NATS it only unsubscribes
+// (ErrDisconnected), since a drain would wait for the server.
 func (h *Host) drainPlace() error {
+	subs := []*nats.Subscription{h.place}
+	if h.placeOn != nil {
+		subs = append(subs, h.placeOn)
+	}
 	if !h.cfg.NATS.IsConnected() {
-		h.place.Unsubscribe()
+		for _, sub := range subs {
+			sub.Unsubscribe()
+		}
 		return nats.ErrDisconnected
 	}
-	return h.place.Drain()
+	var errs []error
+	for _, sub := range subs {
+		errs = append(errs, sub.Drain())
+	}
+	return errors.Join(errs...)
 }
 
-// stopWorkersLocked stops the read pool and the catalog writer (flushing it)
-// and waits for every goroutine of the host.
+// stopWorkersLocked stops the read pool, the catalog writer (flushing it)
+// and the node lease's renewer, waits for every goroutine of the host and
+// releases the node lease: no session is left that it holds.
 func (h *Host) stopWorkersLocked() {
 	close(h.reads)
 	h.catalog.stop()
+	close(h.stopNode)
 	h.wg.Wait()
+	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.LeaseTTL)
+	h.node.release(ctx)
+	cancel()
 	h.cancel(errors.New("host closed"))
 }
 

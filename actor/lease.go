@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	proto "github.com/asynkron/protoactor-go/actor"
@@ -16,22 +17,36 @@ import (
 	"github.com/atriumhq/atrium/session"
 )
 
-// Ownership leases (DESIGN §5). Before a session actor opens its history it
-// creates the key session.LeaseKey(id) in the owners bucket, whose TTL is
-// Config.LeaseTTL; the revision of that create is the activation's fencing
-// token, passed to the sandbox (compute.Spec.Fence), to workspace saves
-// (mount.Volume) and to history checkpoints. A goroutine renews the lease
-// with a compare-and-set Update every LeaseTTL/3. If renewing keeps failing
-// for LeaseTTL*2/3 since the last success (the node is cut off from NATS),
-// the session actor stops itself — turn killed, Cmd subscription gone,
-// history closed — while a third of the TTL is left, so it is gone before
-// the lease can expire and another node create it. Hibernation, deletion
-// and shutdown delete the lease (compare-and-set on its revision), so the
-// next node need not wait.
+// Ownership (DESIGN §5). A node holds one lease for itself and a record for
+// each session it serves, both in the owners bucket:
+//
+//   - The node lease, key session.NodeLeaseKey(NodeID), carries a per-key
+//     TTL of Config.LeaseTTL and names an incarnation: a random id the node
+//     picks each time it (re)acquires the lease. A goroutine renews it with a
+//     compare-and-set write every LeaseTTL/3. If renewing keeps failing for
+//     LeaseTTL*2/3 since the last success (the node is cut off from NATS),
+//     the node stops every session it serves — turns killed, Cmd
+//     subscriptions gone, histories closed — while a third of the TTL is
+//     left, so they are gone before the lease can expire; it then takes a
+//     new incarnation once it can.
+//   - A session's ownership record, key session.LeaseKey(id), names the node
+//     and its incarnation. It is created with compare-and-set before the
+//     session actor opens its history; the revision of that write is the
+//     activation's fencing token, passed to the sandbox (compute.Spec.Fence),
+//     to workspace saves (mount.Volume) and to history checkpoints. Records
+//     are never renewed: a record is held while its node's lease names its
+//     incarnation. Another node takes a session over by a compare-and-set
+//     write on the record only after reading, from the stream's leader, that
+//     the recorded incarnation's lease is gone. Hibernation, deletion and
+//     shutdown delete the record (compare-and-set on its revision), so the
+//     next node need not check anything.
+//
+// One renewal per node instead of one per session: a node with 10,000
+// active sessions writes to NATS three times per TTL, not 10,000 times.
 
 // Defaults of Config's scale-out fields.
 const (
-	// DefaultLeaseTTL is the owners bucket's TTL: how long a dead node's
+	// DefaultLeaseTTL is the TTL of a node's lease: how long a dead node's
 	// sessions stay unreachable before another node takes them over.
 	DefaultLeaseTTL = 3 * time.Second
 	// DefaultReplicas is the JetStream replica count of the buckets and
@@ -50,187 +65,439 @@ const (
 	// it, so the stream must still hold everything since then. A week
 	// covers a checkpoint store that was down for days.
 	DefaultEventsMaxAge = 7 * 24 * time.Hour
+	// MinLeaseTTL is the shortest lease TTL: JetStream's per-key TTLs are
+	// at least a second.
+	MinLeaseTTL = time.Second
 )
+
+// ownersMarkerTTL is how long the owners bucket keeps the marker of a node
+// lease that expired, which key watchers see as a delete.
+const ownersMarkerTTL = time.Minute
 
 // leaseRetry is the pause between failed renewals.
 func leaseRetry(ttl time.Duration) time.Duration { return ttl / 12 }
 
-// LeaseInfo describes one lease this node holds (Host.Leases).
+// LeaseInfo describes one session this node owns (Host.Leases).
 type LeaseInfo struct {
 	Session  session.ID `json:"session"`
 	Fence    int64      `json:"fence"`
 	Acquired time.Time  `json:"acquired"`
-	Renewed  time.Time  `json:"renewed"`
+	// Renewed is when the node's lease, which holds every session of the
+	// node, was last renewed.
+	Renewed time.Time `json:"renewed"`
 }
 
 // errLeaseLost is why a session whose lease could not be renewed stopped.
 var errLeaseLost = errors.New("ownership lease lost")
 
-// lease is one session's ownership lease held by this node.
+// errNoNodeLease means this node cannot take sessions: it holds no node
+// lease (it is cut off from NATS, or just lost it and has yet to take a new
+// one).
+var errNoNodeLease = session.Errorf(session.CodeUnavailable, "this node is not connected to the cluster; retry")
+
+// nodeLease is the node's own lease (see above). Its goroutine, run, is
+// started by Host.Start and stopped by Host.Close.
+type nodeLease struct {
+	h   *Host
+	key string
+
+	mu sync.Mutex
+	// inc is the incarnation the lease names; "" while the node holds no
+	// lease. guarded by mu.
+	inc string
+	// val is the lease's value, rev its revision after the last write and
+	// renewed when the last successful write was sent; guarded by mu.
+	val     []byte
+	rev     uint64
+	renewed time.Time
+}
+
+// current returns the incarnation the node's lease names and when it was
+// last renewed; ok is false while the node holds no lease.
+func (n *nodeLease) current() (inc string, renewed time.Time, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.inc, n.renewed, n.inc != ""
+}
+
+// acquire takes the node lease with a new incarnation: a create, or, when
+// the key is still there (a previous process of this node, or this one
+// before it lost the lease), a compare-and-set write over it. Sessions
+// recorded under an older incarnation are then free to take over.
+func (n *nodeLease) acquire(ctx context.Context) error {
+	ttl := n.h.cfg.LeaseTTL
+	now := time.Now()
+	inc := session.NewEpoch()
+	val, _ := json.Marshal(session.Lease{Node: n.h.cfg.NodeID, Inc: inc, Acquired: session.Time{Time: now.UTC()}})
+	rev, err := n.h.owners.Create(ctx, n.key, val, jetstream.KeyTTL(ttl))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		var cur *jetstream.RawStreamMsg
+		if cur, err = n.h.ownersLatest(ctx, n.key); err == nil {
+			if cur == nil {
+				rev, err = n.h.owners.Create(ctx, n.key, val, jetstream.KeyTTL(ttl))
+			} else {
+				rev, err = n.h.ownersWrite(ctx, n.key, val, cur.Sequence, ttl)
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("acquire node lease %s: %w", n.key, err)
+	}
+	n.mu.Lock()
+	n.inc, n.val, n.rev, n.renewed = inc, val, rev, now
+	n.mu.Unlock()
+	n.h.log.Info("node lease acquired", "incarnation", inc, "ttl", ttl)
+	return nil
+}
+
+// run renews the node lease every LeaseTTL/3 until stop is closed. When
+// the lease is lost it stops every session of the node and takes a new
+// incarnation as soon as NATS lets it.
+func (n *nodeLease) run(stop <-chan struct{}) {
+	ttl := n.h.cfg.LeaseTTL
+	t := time.NewTimer(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		n.mu.Lock()
+		inc, last, rev, val := n.inc, n.renewed, n.rev, n.val
+		n.mu.Unlock()
+		start := time.Now()
+		if inc == "" {
+			ctx, cancel := context.WithTimeout(n.h.ctx, ttl)
+			err := n.acquire(ctx)
+			cancel()
+			if err != nil {
+				n.h.log.Warn("node lease", "err", err)
+				t.Reset(leaseRetry(ttl))
+				continue
+			}
+			t.Reset(ttl / 3)
+			continue
+		}
+		deadline := last.Add(ttl * 2 / 3)
+		if !start.Before(deadline) {
+			n.lose("renewal failed for too long")
+			t.Reset(leaseRetry(ttl))
+			continue
+		}
+		ctx, cancel := context.WithDeadline(n.h.ctx, deadline)
+		next, err := n.h.ownersWrite(ctx, n.key, val, rev, ttl)
+		if isWrongLastSeq(err) {
+			// A retry of a renewal whose reply was lost, or the key expired
+			// and someone wrote it.
+			if cur, gerr := n.h.ownersLatest(ctx, n.key); gerr == nil && cur != nil && string(cur.Data) == string(val) {
+				next, err = cur.Sequence, nil
+			}
+		}
+		cancel()
+		switch {
+		case err == nil:
+			n.mu.Lock()
+			n.rev, n.renewed = next, start
+			n.mu.Unlock()
+			t.Reset(ttl / 3)
+		case isWrongLastSeq(err):
+			n.lose("it expired or was overwritten")
+			t.Reset(leaseRetry(ttl))
+		default:
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n.h.log.Warn("renew node lease", "err", err)
+			t.Reset(leaseRetry(ttl))
+		}
+	}
+}
+
+// lose gives up the incarnation and stops every session held under it.
+func (n *nodeLease) lose(why string) {
+	n.mu.Lock()
+	n.inc = ""
+	n.mu.Unlock()
+	h := n.h
+	h.leaseMu.Lock()
+	held := make([]*lease, 0, len(h.leases))
+	for _, l := range h.leases {
+		held = append(held, l)
+	}
+	h.leaseMu.Unlock()
+	h.log.Error("node lease lost; stopping every session of this node", "why", why, "sessions", len(held))
+	for _, l := range held {
+		l.markLost(why)
+	}
+}
+
+// release deletes the node lease (compare-and-set on its revision), once
+// the node serves no session: nothing is left to wait for.
+func (n *nodeLease) release(ctx context.Context) {
+	n.mu.Lock()
+	inc, rev := n.inc, n.rev
+	n.inc = ""
+	n.mu.Unlock()
+	if inc == "" {
+		return
+	}
+	if err := n.h.owners.Delete(ctx, n.key, jetstream.LastRevision(rev)); err != nil {
+		n.h.log.Warn("release node lease", "err", err)
+	}
+}
+
+// lease is one session's ownership record held by this node.
 type lease struct {
 	h        *Host
 	id       session.ID
 	key      string
-	val      []byte
-	fence    int64     // the revision that acquired it
-	acquired time.Time // when the create was sent
-	// continued: this node released the lease last and nobody has held
+	fence    int64     // the revision of the write that took it
+	acquired time.Time // when that write was sent
+	// continued: this node released the session last and nobody has held
 	// it since (see Host.released), so the local history is current.
 	continued bool
-	lost      func() // called once, on the renewer's goroutine, if it is lost
-
-	stop chan struct{} // closed by release
-	done chan struct{} // closed when the renewer has ended
+	// checkpointed is the last seq the session's newest checkpoint holds,
+	// -1 if unknown: known when continued, set after each checkpoint.
+	checkpointed atomic.Int64
+	lost         func() // called once, by markLost
 
 	mu       sync.Mutex
-	rev      uint64    // guarded by mu: the current revision
-	renewed  time.Time // guarded by mu: when the last successful renewal was sent
-	released bool      // guarded by mu
-	isLost   bool      // guarded by mu
+	released bool // guarded by mu
+	isLost   bool // guarded by mu
+}
+
+// released is what this node remembers of a session it released: the
+// revision of the delete marker, which the next acquire on this node
+// compares against, and the seq its newest checkpoint holds.
+type releasedLease struct {
+	marker       uint64
+	checkpointed int64
 }
 
 // errLeaseHeld is a place request's answer for a session another node
-// owns: unavailable, which the gateway retries until the lease expires or
-// is released.
+// owns: unavailable, which the gateway retries until that node's lease
+// expires or it releases the session.
 func errLeaseHeld(id session.ID, node string, ttl time.Duration) error {
 	return session.Errorf(session.CodeUnavailable,
 		"session %s is owned by node %q; retry: another node takes it over within %s if that node is gone", id, node, ttl)
 }
 
-// acquireLease takes id's lease. A lease this node's NodeID holds (a
-// previous process of this node that died) is taken over at once; one
-// another node holds fails with errLeaseHeld. lost runs if renewing fails
-// for too long.
+// acquireLease takes id's ownership record under the node's current
+// incarnation. A record of an incarnation whose node lease is gone (a dead
+// node, or an earlier process or incarnation of this one) is taken over; one
+// a live incarnation holds fails with errLeaseHeld. lost runs if the node's
+// lease is lost while the session is held.
 func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*lease, error) {
-	// A lease that took longer than this to get would have to be renewed
-	// at once; and a node cut off from NATS must not wait for it.
+	inc, _, ok := h.node.current()
+	if !ok {
+		return nil, errNoNodeLease
+	}
+	// A node cut off from NATS must not wait long for it.
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL*2/3)
 	defer cancel()
 	now := time.Now()
-	l := &lease{
-		h: h, id: id, key: session.LeaseKey(id), acquired: now, lost: lost,
-		stop: make(chan struct{}), done: make(chan struct{}),
-	}
-	l.val, _ = json.Marshal(session.Lease{Node: h.cfg.NodeID, Acquired: session.Time{Time: now.UTC()}})
+	l := &lease{h: h, id: id, key: session.LeaseKey(id), acquired: now, lost: lost}
+	l.checkpointed.Store(-1)
+	val, _ := json.Marshal(session.Lease{Node: h.cfg.NodeID, Inc: inc, Acquired: session.Time{Time: now.UTC()}})
 	var rev uint64
 	var err error
 	h.leaseMu.Lock()
-	marker, ok := h.released[id]
+	prev, ok := h.released[id]
 	delete(h.released, id)
 	h.leaseMu.Unlock()
 	if ok {
 		// Ours was the last write to the key (the delete marker of our
 		// release): one compare-and-set takes it back, and proves nobody
 		// held it since.
-		if rev, err = h.owners.Update(ctx, l.key, l.val, marker); err == nil {
+		if rev, err = h.owners.Update(ctx, l.key, val, prev.marker); err == nil {
 			l.continued = true
+			l.checkpointed.Store(prev.checkpointed)
 		}
 	}
 	if !l.continued {
-		rev, err = h.owners.Create(ctx, l.key, l.val)
+		rev, err = h.owners.Create(ctx, l.key, val)
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		var ent jetstream.KeyValueEntry
-		ent, err = h.owners.Get(ctx, l.key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rev, err = h.owners.Create(ctx, l.key, l.val) // Expired or released meanwhile.
-		case err != nil:
-		default:
-			var cur session.Lease
-			if json.Unmarshal(ent.Value(), &cur) == nil && cur.Node == h.cfg.NodeID && h.cfg.NodeID != "" {
-				// Ours, from a process of this node that is gone (this
-				// process's manager never runs two actors per session).
-				rev, err = h.owners.Update(ctx, l.key, l.val, ent.Revision())
-			} else {
-				return nil, errLeaseHeld(id, cur.Node, h.cfg.LeaseTTL)
-			}
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return nil, errLeaseHeld(id, "another", h.cfg.LeaseTTL)
-		}
+		rev, err = h.takeOver(ctx, id, l.key, val)
 	}
 	if err != nil {
+		var serr *session.Error
+		if errors.As(err, &serr) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("acquire lease of session %s: %w", id, err)
 	}
-	l.fence, l.rev, l.renewed = int64(rev), rev, now
+	l.fence = int64(rev)
 	h.leaseMu.Lock()
 	h.leases[id] = l
 	h.leaseMu.Unlock()
-	h.wg.Go(l.renew)
+	if cur, _, ok := h.node.current(); !ok || cur != inc {
+		// The node lost its lease meanwhile: the record names a dead
+		// incarnation, and this activation must not go on.
+		l.markLost("the node lease was lost while acquiring")
+		l.release(context.WithoutCancel(ctx))
+		return nil, errNoNodeLease
+	}
 	return l, nil
 }
 
-// renew is the lease's goroutine: it renews every LeaseTTL/3 and declares
-// the lease lost once LeaseTTL*2/3 passed since the last renewal that
-// succeeded (measured from when it was sent, which is before the server
-// restarted the TTL).
-func (l *lease) renew() {
-	defer close(l.done)
-	ttl := l.h.cfg.LeaseTTL
-	t := time.NewTimer(ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
+// takeOver writes val over the record key of session id if the
+// incarnation it names is dead; errLeaseHeld if it is alive. It reads both
+// the record and the node's lease from the stream's leader.
+func (h *Host) takeOver(ctx context.Context, id session.ID, key string, val []byte) (uint64, error) {
+	cur, err := h.ownersLatest(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	if cur == nil || isKVDelete(cur.Header) {
+		// Released meanwhile.
+		var last uint64
+		if cur != nil {
+			last = cur.Sequence
 		}
-		l.mu.Lock()
-		last, rev := l.renewed, l.rev
-		l.mu.Unlock()
-		start := time.Now()
-		deadline := last.Add(ttl * 2 / 3)
-		if !start.Before(deadline) {
-			l.markLost("renewal failed for too long")
-			return
+		rev, err := h.owners.Update(ctx, key, val, last)
+		if isWrongLastSeq(err) {
+			return 0, errLeaseHeld(id, "another", h.cfg.LeaseTTL)
 		}
-		ctx, cancel := context.WithDeadline(l.h.ctx, deadline)
-		next, err := l.h.owners.Update(ctx, l.key, l.val, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			// A retry of a renewal whose reply was lost, or a new owner.
-			if ent, gerr := l.h.owners.Get(ctx, l.key); gerr == nil && string(ent.Value()) == string(l.val) {
-				next, err = ent.Revision(), nil
-			}
+		return rev, err
+	}
+	var rec session.Lease
+	if err := json.Unmarshal(cur.Data, &rec); err != nil {
+		rec = session.Lease{} // Unreadable: no live incarnation can claim it.
+	}
+	alive, err := h.incarnationAlive(ctx, rec)
+	if err != nil {
+		return 0, err
+	}
+	if alive {
+		return 0, errLeaseHeld(id, rec.Node, h.cfg.LeaseTTL)
+	}
+	rev, err := h.owners.Update(ctx, key, val, cur.Sequence)
+	if isWrongLastSeq(err) {
+		return 0, errLeaseHeld(id, "another", h.cfg.LeaseTTL)
+	}
+	if err == nil {
+		h.log.Info("took over a session from a node that is gone", "session", id, "from", rec.Node, "incarnation", rec.Inc)
+	}
+	return rev, err
+}
+
+// incarnationAlive reports whether the lease of rec.Node still names
+// rec.Inc. Records written before node leases (no Inc) are never alive.
+func (h *Host) incarnationAlive(ctx context.Context, rec session.Lease) (bool, error) {
+	if rec.Node == "" || rec.Inc == "" {
+		return false, nil
+	}
+	if rec.Node == h.cfg.NodeID {
+		inc, _, ok := h.node.current()
+		return ok && inc == rec.Inc, nil
+	}
+	msg, err := h.ownersLatest(ctx, session.NodeLeaseKey(rec.Node))
+	if err != nil || msg == nil || isKVDelete(msg.Header) {
+		return false, err
+	}
+	var nl session.Lease
+	return json.Unmarshal(msg.Data, &nl) == nil && nl.Inc == rec.Inc, nil
+}
+
+// ownersLatest returns the newest message of key in the owners bucket, nil
+// if there is none. Unlike a KV get, which any replica may answer from a
+// state that lags, it asks the stream's leader: a takeover must not rest on
+// a stale read.
+func (h *Host) ownersLatest(ctx context.Context, key string) (*jetstream.RawStreamMsg, error) {
+	bucket := h.cfg.Subjects.OwnersBucket()
+	req, _ := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{"$KV." + bucket + "." + key})
+	resp, err := h.cfg.NATS.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	var r struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs"`
+			Data     []byte    `json:"data"`
+			Time     time.Time `json:"time"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
+			return nil, nil
 		}
-		cancel()
-		switch {
-		case err == nil:
-			l.mu.Lock()
-			l.rev, l.renewed = next, start
-			l.mu.Unlock()
-			t.Reset(ttl / 3)
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyNotFound):
-			l.markLost("another node holds it")
-			return
-		default:
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			l.h.log.Warn("renew lease", "session", l.id, "err", err)
-			t.Reset(leaseRetry(ttl))
+		return nil, fmt.Errorf("read %s: %s (%d)", key, r.Error.Description, r.Error.ErrCode)
+	}
+	if r.Message == nil {
+		return nil, fmt.Errorf("read %s: empty reply", key)
+	}
+	m := &jetstream.RawStreamMsg{Subject: key, Sequence: r.Message.Sequence, Data: r.Message.Data, Time: r.Message.Time}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("read %s: %w", key, err)
 		}
 	}
+	return m, nil
+}
+
+// ownersWrite writes val to key with a per-key TTL, if rev is still key's
+// newest revision (a KV update the jetstream package has no TTL option
+// for).
+func (h *Host) ownersWrite(ctx context.Context, key string, val []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	m := nats.NewMsg("$KV." + h.cfg.Subjects.OwnersBucket() + "." + key)
+	m.Data = val
+	ack, err := h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// isKVDelete reports whether a KV message's headers mark a delete or purge.
+func isKVDelete(hdr nats.Header) bool {
+	if hdr == nil {
+		return false
+	}
+	op := hdr.Get("KV-Operation")
+	return op == "DEL" || op == "PURGE" || hdr.Get("Nats-Marker-Reason") != ""
+}
+
+// isWrongLastSeq reports whether err is a failed compare-and-set.
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164
+	}
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 func (l *lease) markLost(why string) {
 	l.mu.Lock()
-	if l.released {
+	if l.released || l.isLost {
 		l.mu.Unlock()
 		return
 	}
 	l.isLost = true
 	l.mu.Unlock()
 	l.h.forgetLease(l)
-	l.h.log.Error("ownership lease lost; stopping the session", "session", l.id, "fence", l.fence, "why", why)
-	l.lost()
+	l.h.log.Error("ownership lost; stopping the session", "session", l.id, "fence", l.fence, "why", why)
+	if l.lost != nil {
+		l.lost()
+	}
 }
 
-// release stops renewing and deletes the lease if this node still holds it,
-// so the next node need not wait for the TTL. Safe to call twice and on a
-// nil lease.
+// release deletes the record if this node still holds it, so the next
+// node need not check anything. Safe to call twice and on a nil lease.
 func (l *lease) release(ctx context.Context) {
 	if l == nil {
 		return
@@ -243,15 +510,10 @@ func (l *lease) release(ctx context.Context) {
 	l.released = true
 	lost := l.isLost
 	l.mu.Unlock()
-	close(l.stop)
-	<-l.done
 	l.h.forgetLease(l)
 	if lost {
 		return
 	}
-	l.mu.Lock()
-	rev := l.rev
-	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.h.cfg.LeaseTTL)
 	defer cancel()
 	// A KV delete (ADR-8: a KV-Operation DEL marker) published directly,
@@ -259,14 +521,14 @@ func (l *lease) release(ctx context.Context) {
 	// compares against (see acquireLease).
 	m := nats.NewMsg("$KV." + l.h.cfg.Subjects.OwnersBucket() + "." + l.key)
 	m.Header.Set("KV-Operation", "DEL")
-	ack, err := l.h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	ack, err := l.h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(uint64(l.fence)))
 	if err != nil {
-		// Someone else's now, or it expires on its own within LeaseTTL.
+		// Someone else's now, or the node lease expires and frees it.
 		l.h.log.Warn("release lease", "session", l.id, "err", err)
 		return
 	}
 	l.h.leaseMu.Lock()
-	l.h.released[l.id] = ack.Sequence
+	l.h.released[l.id] = releasedLease{marker: ack.Sequence, checkpointed: l.checkpointed.Load()}
 	l.h.leaseMu.Unlock()
 }
 
@@ -277,7 +539,8 @@ func (h *Host) dropReleased(id session.ID) {
 	h.leaseMu.Unlock()
 }
 
-// valid reports whether the lease is still held: not lost, not released.
+// valid reports whether the session is still held: not lost (the node
+// lease holds), not released.
 func (l *lease) valid() bool {
 	if l == nil {
 		return false
@@ -295,35 +558,34 @@ func (h *Host) forgetLease(l *lease) {
 	h.leaseMu.Unlock()
 }
 
-// Leases returns the leases this node holds, by session: what
-// `atrium cluster status` shows for a node.
+// Leases returns the sessions this node owns: what `atrium cluster status`
+// shows for a node.
 func (h *Host) Leases() []LeaseInfo {
+	var renewed time.Time
+	if h.node != nil {
+		_, renewed, _ = h.node.current()
+	}
 	h.leaseMu.Lock()
-	ls := make([]*lease, 0, len(h.leases))
+	out := make([]LeaseInfo, 0, len(h.leases))
 	for _, l := range h.leases {
-		ls = append(ls, l)
+		out = append(out, LeaseInfo{Session: l.id, Fence: l.fence, Acquired: l.acquired, Renewed: renewed})
 	}
 	h.leaseMu.Unlock()
-	out := make([]LeaseInfo, 0, len(ls))
-	for _, l := range ls {
-		l.mu.Lock()
-		out = append(out, LeaseInfo{Session: l.id, Fence: l.fence, Acquired: l.acquired, Renewed: l.renewed})
-		l.mu.Unlock()
-	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Session < out[j].Session })
 	return out
 }
 
-// openOwners opens the owners bucket with TTL LeaseTTL, creating it or
-// updating one made by an older node without a TTL (or with another TTL or
-// replica count).
+// openOwners opens the owners bucket: no bucket TTL (records are held by
+// their node's lease, not renewed), per-key TTLs for node leases, and
+// markers when a node lease expires. It updates a bucket an older node made
+// (with a bucket TTL, or another replica count).
 func openOwners(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetstream.KeyValue, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      cfg.Subjects.OwnersBucket(),
-		Description: "Atrium session ownership leases and fencing tokens",
-		TTL:         cfg.LeaseTTL,
-		Replicas:    cfg.Replicas,
-		Storage:     jetstream.FileStorage,
+		Bucket:         cfg.Subjects.OwnersBucket(),
+		Description:    "Atrium node leases, session ownership records and fencing tokens",
+		Replicas:       cfg.Replicas,
+		Storage:        jetstream.FileStorage,
+		LimitMarkerTTL: ownersMarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open owners bucket %s: %w", cfg.Subjects.OwnersBucket(), err)
@@ -380,9 +642,10 @@ func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
 	ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 }
 
-// replace asks the nodes to activate id (as its owner), so that the prompts
-// it has queued run on another node while this one shuts down. This node
-// no longer listens on the place subject.
+// replace asks the nodes to activate id (as its owner): the prompts it has
+// queued run on another node while this one shuts down (this node no longer
+// listens on the place subject), or the session of a node that is gone
+// finishes its interrupted turn and runs its queue (rescue.go).
 func (h *Host) replace(id session.ID, owner string) {
 	b, _ := json.Marshal(session.PlaceRequest{Op: session.PlaceActivate, Session: id})
 	msg := &nats.Msg{Subject: h.cfg.Subjects.Place(), Data: b, Header: nats.Header{}}

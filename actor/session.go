@@ -430,7 +430,7 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		var ho *handoff
 		// The lease comes first: only its holder may subscribe (a second
 		// responder would answer the owner's requests) or touch the file.
-		l, err := s.h.acquireLease(ctx, s.id, func() { s.send(&leaseLost{why: "it could not be renewed in time"}) })
+		l, err := s.h.acquireLease(ctx, s.id, func() { s.send(&leaseLost{why: "the node's lease could not be renewed in time"}) })
 		if err != nil {
 			ho = &handoff{err: err}
 		} else if create != nil {
@@ -530,6 +530,7 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 		return fail(fmt.Errorf("create session %s: %w", s.id, session.Errorf(session.CodeUnavailable, "%v", err)))
 	}
 	entry := catalogEntry(m, 1, session.StateActive, session.SandboxNone)
+	entry.Node = s.h.cfg.NodeID
 	b, _ := json.Marshal(entry)
 	if _, err := s.h.kv.Create(ctx, string(s.id), b); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
@@ -745,7 +746,10 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.armSleep() // Its timer was lost with a previous incarnation.
 	}
 	s.committer = s.startCommitter(s.hist)
-	s.ckptSeq = -1 // Unknown: the first periodic checkpoint writes one.
+	// -1: unknown, the first periodic checkpoint writes one. Known when
+	// this node released the session last: nothing to write at
+	// hibernation if nothing is committed meanwhile.
+	s.ckptSeq = session.Seq(ho.lease.checkpointed.Load())
 	s.armCheckpoint()
 	s.phase = phaseActive
 	s.metered = true
@@ -881,6 +885,7 @@ func (s *sessionActor) close(ctx proto.Context) {
 	}
 	entry := s.catalogEntry(state)
 	l, fence, epoch := s.lease, s.fence, s.meta.Epoch
+	durable, ckptSeq := s.durable, s.ckptSeq
 	s.closing = c
 	replace := s.shutting && s.turns.Queued() > 0
 	owner := s.meta.Owner
@@ -894,10 +899,12 @@ func (s *sessionActor) close(ctx proto.Context) {
 		// Only what the stream has too, and only while the lease holds (a
 		// node that lost it must not write a checkpoint a new owner could
 		// restore).
-		if l.valid() && !c.uncaptured.Load() {
-			if _, err := s.h.checkpoint(ctx, s.id, epoch, hist, fence, c.acked.Load()); err != nil {
+		if l.valid() && !c.uncaptured.Load() && durable != ckptSeq {
+			if seq, err := s.h.checkpoint(ctx, s.id, epoch, hist, fence, c.acked.Load()); err != nil {
 				// The stream still holds what the checkpoint lacks.
 				s.log.Warn("checkpoint at hibernation", "err", err)
+			} else if s.h.cfg.Checkpoints != nil {
+				l.checkpointed.Store(int64(seq))
 			}
 		}
 		if err := hist.Close(); err != nil {
@@ -1033,9 +1040,12 @@ func (s *sessionActor) teardownNow(why string) {
 
 // --- helpers --------------------------------------------------------------
 
+// catalogEntry is the session's catalog entry as it is now, naming this
+// node, whose disk has the history file, as the one that last held it.
 func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
 	e := catalogEntry(s.meta, s.durable, state, s.sandboxState)
 	e.LastActivity = s.lastActivity
+	e.Node = s.h.cfg.NodeID
 	return e
 }
 

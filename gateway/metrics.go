@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ type metrics struct {
 	authFailures *prometheus.CounterVec   // failed authentications by reason class
 	limited      prometheus.Counter       // HTTP responses 429 Too Many Requests
 	fanoutLag    prometheus.Histogram     // live event: arrival from NATS → written to a WebSocket
+	affinity     *prometheus.CounterVec   // activations by placement affinity result (hit, miss, unknown)
 
 	// requestCounters caches requests' counters, which are looked up for
 	// every request: routeCode → prometheus.Counter.
@@ -90,6 +92,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from a live event's arrival at the gateway from NATS to its write on a WebSocket.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 11),
 		}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "atrium_gateway_place_affinity_total",
+			Help: "Session activations by placement affinity: hit (the node that last held the session answered), miss (that node is gone: the queue group was asked), unknown (the catalog names no node: the queue group was asked).",
+		}, []string{"result"}),
 	}
 	for _, tr := range []string{"ws", "sse"} {
 		m.conns.WithLabelValues(tr)
@@ -102,9 +108,12 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{authInvalid, authThrottled, authError} {
 		m.authFailures.WithLabelValues(r)
 	}
+	for _, r := range []string{affinityHit, affinityMiss, affinityUnknown} {
+		m.affinity.WithLabelValues(r)
+	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.conns, m.sessions, m.fanout, m.slow, m.gapRefetches, m.requests,
-		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, catalogCollector{c: &s.cache}} {
+		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, m.affinity, catalogCollector{c: &s.cache}} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -118,6 +127,13 @@ const (
 	authInvalid   = "invalid"
 	authThrottled = "throttled"
 	authError     = "error"
+)
+
+// Results of atrium_gateway_place_affinity_total.
+const (
+	affinityHit     = "hit"
+	affinityMiss    = "miss"
+	affinityUnknown = "unknown"
 )
 
 // authFailed counts a failed authentication.
@@ -136,7 +152,7 @@ func (m *metrics) authFailed(err error) {
 // start.
 func (s *Server) natsRequest(subj string, start time.Time, err error) {
 	kind, result := "cmd", "ok"
-	if subj == s.subj.Place() {
+	if subj == s.subj.Place() || strings.HasPrefix(subj, s.subj.Place()+".") { // Place or a node's PlaceOn
 		kind = "place"
 	}
 	if err != nil {

@@ -85,7 +85,7 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 		if attempt == maxActivations {
 			return nil, session.Errorf(session.CodeUnavailable, "session %s could not be activated: try again", id)
 		}
-		_, err = s.request(ctx, s.subj.Place(), p, session.PlaceRequest{Op: session.PlaceActivate, Session: id})
+		err = s.activate(ctx, p, id)
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, session.Errorf(session.CodeUnavailable, "no node is available to activate session %s: try again shortly", id)
 		}
@@ -104,6 +104,33 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			return nil, natsError(err)
 		}
 	}
+}
+
+// activate asks a node to activate id. The node that last held the session
+// (its catalog entry's Node, from this gateway's copy: no round trip) is
+// asked first on its own place subject: its disk has the history file, so
+// waking there costs no restore from object storage and no stream replay.
+// If that node is gone (no responders) the queue group is asked at once.
+// Any other answer, unavailable included, is the caller's to handle, as from
+// the queue group.
+func (s *Server) activate(ctx context.Context, p session.Principal, id session.ID) error {
+	req := session.PlaceRequest{Op: session.PlaceActivate, Session: id}
+	var node string
+	if e, ok := s.cache.lookup(id); ok && e != nil {
+		node = e.Node
+	}
+	if subj := s.subj.PlaceOn(node); subj != "" {
+		_, err := s.request(ctx, subj, p, req)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			s.metrics.affinity.WithLabelValues(affinityHit).Inc()
+			return err
+		}
+		s.metrics.affinity.WithLabelValues(affinityMiss).Inc()
+	} else {
+		s.metrics.affinity.WithLabelValues(affinityUnknown).Inc()
+	}
+	_, err := s.request(ctx, s.subj.Place(), p, req)
+	return err
 }
 
 // Retrying a place request that a node answered unavailable (lease held

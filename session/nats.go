@@ -33,6 +33,40 @@ func (s Subjects) Presence(id ID) string { return s.p() + ".session." + string(i
 // Place is the queue-group subject of nodes: create or activate a session.
 func (s Subjects) Place() string { return s.p() + ".place" }
 
+// PlaceOn is node's own place subject, e.g. "atrium.place.node.node-a": a
+// node with a NodeID subscribes to it (not in a queue group) besides Place,
+// so that a gateway can activate a session on the node that last held it,
+// whose disk has its history file (CatalogEntry.Node), and fall back to
+// Place when nobody answers. It is "" when node is empty.
+//
+// Node IDs from the server config are letters, digits, '-' and '_' only, and
+// are used as they are. Any other byte (a '.', '*' or '>' would break the
+// subject) is escaped as '%' and two upper-case hex digits, so that every
+// node ID names its own single-token subject and both sides derive the same
+// subject from the same ID.
+func (s Subjects) PlaceOn(node string) string {
+	if node == "" {
+		return ""
+	}
+	return s.p() + ".place.node." + subjectToken(node)
+}
+
+// subjectToken escapes s into one NATS subject token (see PlaceOn).
+func subjectToken(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&0xf])
+	}
+	return b.String()
+}
+
 // PlaceQueue is the queue group nodes join on Place.
 func (s Subjects) PlaceQueue() string { return s.p() + "-nodes" }
 
@@ -192,13 +226,19 @@ func (s Subjects) AllEvents() string { return s.p() + ".session.*.events" }
 // AllMeta is the wildcard of every session's Meta subject.
 func (s Subjects) AllMeta() string { return s.p() + ".session.*.meta" }
 
-// LeaseKey is id's ownership lease key in the OwnersBucket.
+// LeaseKey is id's ownership record key in the OwnersBucket.
 func LeaseKey(id ID) string { return "lease." + string(id) }
 
-// Lease is the value of a LeaseKey: the node that owns the session and when
-// it acquired it. The entry's revision when acquired is the owner's fencing
-// token.
+// NodeLeaseKey is the key of node's lease in the OwnersBucket.
+func NodeLeaseKey(node string) string { return "node." + node }
+
+// Lease is the value of a LeaseKey (a session's ownership record: the node
+// that owns the session, the incarnation of that node's lease that holds it,
+// and when it acquired it; the entry's revision is the owner's fencing token)
+// and of a NodeLeaseKey (the node, its current incarnation and when it took
+// it). A record is held while its node's lease names its incarnation.
 type Lease struct {
 	Node     string `json:"node"`
+	Inc      string `json:"inc,omitempty"`
 	Acquired Time   `json:"acquired"`
 }

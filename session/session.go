@@ -98,6 +98,10 @@ type CatalogEntry struct {
 	Sandbox   SandboxState `json:"sandbox"`
 	// LastActivity is when the last event was committed; nil if unknown.
 	LastActivity *Time `json:"last_activity,omitempty"`
+	// Node is the ID of the node that last held the session, whose disk has
+	// its history file; "" if unknown (e.g. an entry written at creation).
+	// Gateways activate the session there first (Subjects.PlaceOn).
+	Node string `json:"node,omitempty"`
 }
 
 // SessionFor returns the Session object as user sees it.

@@ -38,10 +38,12 @@ func newClusterCmd(env *cliEnv) *cobra.Command {
   draining), version, active sessions, the NATS server it is connected to, and
   how long ago its heartbeat was written (a process that stops heartbeating
   disappears after ` + server.NodeTTL.String() + `);
-- the sessions each node owns, with the age of its lease and the time since it
-  was last renewed (renewals come every third of node.lease_ttl); leases whose
-  node has no heartbeat are listed as orphaned: the node died or was cut off,
-  and the session is taken over when the lease expires;
+- the sessions each node owns, with the age of its ownership record and the time
+  since the node's lease, which holds all of its sessions, was last renewed
+  (renewals come every third of node.lease_ttl); records whose node has no
+  heartbeat or no live lease are listed as orphaned: the node died or was cut
+  off, and the next command for the session takes it over once that node's
+  lease has expired;
 - NATS: the server the gateway is connected to, the round trip, the JetStream
   account's usage and limits, and the replica health of Atrium's streams and
   buckets.
@@ -123,7 +125,11 @@ func printCluster(w io.Writer, st server.ClusterStatus, all bool) error {
 		}
 	}
 	for _, l := range st.Orphaned {
-		fmt.Fprintf(tw, "%s\t%s (no heartbeat: orphaned)\t%s\t%s ago\t%d\n", l.Session, l.Node, fmtSecs(l.Age), fmtSecs(l.Renewed), l.Fence)
+		renewed := "node lease gone"
+		if l.Renewed >= 0 {
+			renewed = fmtSecs(l.Renewed) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s (orphaned)\t%s\t%s\t%d\n", l.Session, l.Node, fmtSecs(l.Age), renewed, l.Fence)
 	}
 	if leases+len(st.Orphaned) == 0 {
 		fmt.Fprintln(tw, "(no session is active: hibernated sessions hold no lease)")

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -378,6 +381,48 @@ func (c *Cluster) perNode(b testing.TB, ids []session.ID) map[string]int {
 	return out
 }
 
+// cpuTimes returns the CPU time (user + system) each atrium process and
+// this test process (the NATS servers, the proxies in front of the nodes,
+// the clients) have used so far.
+func (c *Cluster) cpuTimes(b testing.TB) map[string]time.Duration {
+	b.Helper()
+	out := map[string]time.Duration{}
+	for _, p := range append(append([]*Proc{}, c.Gateways...), c.Nodes...) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+		if err != nil {
+			b.Fatalf("cpu time of %s: %v", p.Name, err)
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 12th and 13th, in clock ticks (100 per second here).
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		out[p.Name] = time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		out["test (nats, proxies, clients)"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return out
+}
+
+// cpuPer formats the CPU each process used between two cpuTimes, per op.
+func cpuPer(before, after map[string]time.Duration, ops int) string {
+	names := make([]string, 0, len(after))
+	for name := range after {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var parts []string
+	var total time.Duration
+	for _, name := range names {
+		d := after[name] - before[name]
+		total += d
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, float64(d.Microseconds())/1000/float64(ops)))
+	}
+	return fmt.Sprintf("%.2f ms CPU each (%s)", float64(total.Microseconds())/1000/float64(ops), strings.Join(parts, ", "))
+}
+
 // BenchmarkActivation measures placement throughput across 2 nodes: new
 // sessions created through both gateways, and hibernated sessions woken by
 // a history read (the command goes to the place queue group, a node takes
@@ -419,8 +464,10 @@ func BenchmarkActivation(b *testing.B) {
 		b.ReportMetric(float64(seq.Quantile(0.5))/1e6, "create-p50-ms")
 		b.ReportMetric(float64(wakeSeq.Quantile(0.5))/1e6, "wake-p50-ms")
 
+		cpu0 := c.cpuTimes(b)
 		ids, d := c.createMany(b, n, quick)
-		b.Logf("created %d sessions in %v: %.0f/s, per node %v", n, d.Round(time.Millisecond), float64(n)/d.Seconds(), c.perNode(b, ids))
+		cpu1 := c.cpuTimes(b)
+		b.Logf("created %d sessions in %v: %.0f/s, per node %v; %s", n, d.Round(time.Millisecond), float64(n)/d.Seconds(), c.perNode(b, ids), cpuPer(cpu0, cpu1, n))
 		b.ReportMetric(float64(n)/d.Seconds(), "created/s")
 		c.waitHibernated(b, ids)
 
@@ -428,6 +475,7 @@ func BenchmarkActivation(b *testing.B) {
 		var wg sync.WaitGroup
 		var failed atomic.Int64
 		sem := make(chan struct{}, 64)
+		cpu0 = c.cpuTimes(b)
 		t0 := time.Now()
 		for j, id := range ids {
 			sem <- struct{}{}
@@ -445,7 +493,8 @@ func BenchmarkActivation(b *testing.B) {
 		if f := failed.Load(); f > 0 {
 			b.Fatalf("%d of %d wake-ups failed", f, n)
 		}
-		b.Logf("woke %d hibernated sessions in %v: %.0f/s, per node %v", n, d.Round(time.Millisecond), float64(n)/d.Seconds(), c.perNode(b, ids))
+		cpu1 = c.cpuTimes(b)
+		b.Logf("woke %d hibernated sessions in %v: %.0f/s, per node %v; %s", n, d.Round(time.Millisecond), float64(n)/d.Seconds(), c.perNode(b, ids), cpuPer(cpu0, cpu1, n))
 		b.ReportMetric(float64(n)/d.Seconds(), "woken/s")
 		b.ReportMetric(0, "ns/op")
 	}

@@ -366,9 +366,25 @@ func (c *Cluster) WaitOwner(id session.ID, not string) Lease {
 
 // Leases returns every lease in the owners KV, by session key. It reads the
 // bucket's stream with an ordered consumer (last message per key) rather
-// than a KV key lister: a lister's watcher keeps receiving the renewals of
-// busy leases, and its handler blocks forever once nobody reads them.
+// than a KV key lister: a lister's watcher keeps receiving the bucket's
+// writes, and its handler blocks forever once nobody reads them. A
+// JetStream API that has no responder for a moment (the consumer's
+// creation lands on a server whose JetStream is busy electing) is retried.
 func (c *Cluster) Leases(ctx context.Context) (map[string]Lease, error) {
+	for {
+		out, err := c.leases(ctx)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+func (c *Cluster) leases(ctx context.Context) (map[string]Lease, error) {
 	bucket := session.Subjects{}.OwnersBucket()
 	st, err := c.js.Stream(ctx, "KV_"+bucket)
 	if err != nil {

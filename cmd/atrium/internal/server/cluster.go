@@ -19,8 +19,12 @@ import (
 // ClusterTimeout bounds the reads of one ClusterStatus.
 const ClusterTimeout = 10 * time.Second
 
-// leaseKeyPrefix prefixes a session's ownership lease in the owners bucket.
-const leaseKeyPrefix = "lease."
+// Key prefixes in the owners bucket: a session's ownership record and a
+// node's lease (session.LeaseKey, session.NodeLeaseKey).
+const (
+	leaseKeyPrefix     = "lease."
+	nodeLeaseKeyPrefix = "node."
+)
 
 // ClusterStatus is what `atrium cluster status` and GET /v1/cluster show:
 // the processes heartbeating, the sessions their nodes own, and NATS's
@@ -28,8 +32,10 @@ const leaseKeyPrefix = "lease."
 type ClusterStatus struct {
 	Time  time.Time    `json:"time"`
 	Nodes []NodeStatus `json:"nodes"`
-	// Orphaned are leases whose node has no heartbeat: it died or was cut
-	// off, and the lease expires (and the session is taken over) soon.
+	// Orphaned are ownership records whose node has no heartbeat or whose
+	// node lease no longer names their incarnation: the node died or was
+	// cut off, and the session is taken over by the next node to get a
+	// command for it (within the lease TTL of the node's last renewal).
 	Orphaned []LeaseStatus `json:"orphaned_leases"`
 	NATS     NATSStatus    `json:"nats"`
 	// Errors lists what could not be read; the rest is still shown.
@@ -50,8 +56,9 @@ type LeaseStatus struct {
 	Session  string    `json:"session"`
 	Node     string    `json:"node"`
 	Acquired time.Time `json:"acquired"`
-	// Age is the time since the lease was acquired and Renewed the time
-	// since it was last written, in seconds.
+	// Age is the time since the session was acquired and Renewed the time
+	// since its node's lease, which holds it, was last renewed, in seconds
+	// (-1 for an orphaned record: no live node lease holds it).
 	Age     float64 `json:"age_seconds"`
 	Renewed float64 `json:"renewed_seconds_ago"`
 	// Fence is the lease's current revision.
@@ -150,20 +157,40 @@ func (s *Server) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
 	if err != nil {
 		fail("nodes", err)
 	}
-	err = watchAll(ctx, js, subj.OwnersBucket(), leaseKeyPrefix+">", func(e jetstream.KeyValueEntry) {
-		var l struct {
-			Node     string    `json:"node"`
-			Acquired time.Time `json:"acquired"`
+	// Node leases: a session's record is held while its node's lease names
+	// the record's incarnation (actor/lease.go).
+	type nodeLease struct {
+		inc     string
+		renewed float64
+	}
+	nodeLeases := map[string]nodeLease{}
+	err = watchAll(ctx, js, subj.OwnersBucket(), nodeLeaseKeyPrefix+">", func(e jetstream.KeyValueEntry) {
+		var l session.Lease
+		if err := json.Unmarshal(e.Value(), &l); err != nil {
+			fail("node lease "+e.Key(), fmt.Errorf("undecodable lease: %w", err))
+			return
 		}
+		nodeLeases[l.Node] = nodeLease{inc: l.Inc, renewed: now.Sub(e.Created()).Seconds()}
+	})
+	if err != nil {
+		fail("node leases", err)
+	}
+	err = watchAll(ctx, js, subj.OwnersBucket(), leaseKeyPrefix+">", func(e jetstream.KeyValueEntry) {
+		var l session.Lease
 		if err := json.Unmarshal(e.Value(), &l); err != nil {
 			fail("lease "+e.Key(), fmt.Errorf("undecodable lease: %w", err))
 			return
 		}
 		ls := LeaseStatus{
-			Session: strings.TrimPrefix(e.Key(), leaseKeyPrefix), Node: l.Node, Acquired: l.Acquired,
-			Age: now.Sub(l.Acquired).Seconds(), Renewed: now.Sub(e.Created()).Seconds(), Fence: e.Revision(),
+			Session: strings.TrimPrefix(e.Key(), leaseKeyPrefix), Node: l.Node, Acquired: l.Acquired.Time,
+			Age: now.Sub(l.Acquired.Time).Seconds(), Renewed: -1, Fence: e.Revision(),
 		}
-		if i, ok := nodes[l.Node]; ok {
+		nl, live := nodeLeases[l.Node]
+		live = live && l.Inc != "" && nl.inc == l.Inc
+		if live {
+			ls.Renewed = nl.renewed
+		}
+		if i, ok := nodes[l.Node]; ok && live {
 			st.Nodes[i].Leases = append(st.Nodes[i].Leases, ls)
 		} else {
 			st.Orphaned = append(st.Orphaned, ls)

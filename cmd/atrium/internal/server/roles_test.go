@@ -179,9 +179,23 @@ func TestRoles_ClusterStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Records as a node writes them (key lease.<id>, value {"node", "inc",
+	// "acquired"}): one under node-a's live incarnation, one of a node
+	// that has no heartbeat, one under an incarnation of node-a's that is
+	// gone (a previous process).
+	nl, err := owners.Get(ctx, session.NodeLeaseKey("node-a"))
+	if err != nil {
+		t.Fatalf("node-a's lease: %v", err)
+	}
+	var live session.Lease
+	if err := json.Unmarshal(nl.Value(), &live); err != nil || live.Inc == "" {
+		t.Fatalf("node-a's lease %s: %v", nl.Value(), err)
+	}
 	acquired := time.Now().UTC().Add(-time.Minute)
-	for key, holder := range map[string]string{"lease.s_fake1": "node-a", "lease.s_fake2": "node-gone"} {
-		b, _ := json.Marshal(map[string]any{"node": holder, "acquired": acquired})
+	for key, holder := range map[string][2]string{
+		"lease.s_fake1": {"node-a", live.Inc}, "lease.s_fake2": {"node-gone", "x"}, "lease.s_fake3": {"node-a", "gone"},
+	} {
+		b, _ := json.Marshal(map[string]any{"node": holder[0], "inc": holder[1], "acquired": acquired})
 		if _, err := owners.Put(ctx, key, b); err != nil {
 			t.Fatal(err)
 		}
@@ -208,8 +222,9 @@ func TestRoles_ClusterStatus(t *testing.T) {
 	if l, ok := leases[string(s.ID)]; !ok || l.Node != "node-a" || l.Fence == 0 || l.Renewed > 3 {
 		t.Fatalf("node-a's leases %+v, want the active session %s's, renewed within the lease TTL", n.Leases, s.ID)
 	}
-	if len(st.Orphaned) != 1 || st.Orphaned[0].Session != "s_fake2" || st.Orphaned[0].Node != "node-gone" {
-		t.Fatalf("orphaned leases %+v, want s_fake2 of node-gone", st.Orphaned)
+	if len(st.Orphaned) != 2 || st.Orphaned[0].Session != "s_fake2" || st.Orphaned[0].Node != "node-gone" ||
+		st.Orphaned[1].Session != "s_fake3" || st.Orphaned[1].Renewed != -1 {
+		t.Fatalf("orphaned leases %+v, want s_fake2 of node-gone and s_fake3 of a gone incarnation of node-a", st.Orphaned)
 	}
 	if st.NATS.Server != "nats-test" || !st.NATS.Connected || st.NATS.JetStream == nil || st.NATS.JetStream.Streams < 3 {
 		t.Fatalf("nats %+v", st.NATS)
