@@ -121,20 +121,13 @@ func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string,
 	if last, err := hist.LastSeq(ctx); err == nil && cur != nil && cur.Fence == fence && cur.LastSeq == last {
 		return last, nil // Nothing new.
 	}
-	f, err := os.CreateTemp("", "atrium-checkpoint-*")
+	var sp spool
+	defer sp.close()
+	last, err := b.Backup(ctx, &sp)
 	if err != nil {
 		return 0, err
 	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	last, err := b.Backup(ctx, f)
-	if err != nil {
-		return 0, err
-	}
-	size, err := f.Seek(0, io.SeekCurrent)
-	if err == nil {
-		_, err = f.Seek(0, io.SeekStart)
-	}
+	copyR, size, err := sp.reader()
 	if err != nil {
 		return 0, err
 	}
@@ -143,7 +136,7 @@ func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string,
 		Object: historyPrefix(id) + strconv.FormatInt(fence, 10) + "-" + strconv.FormatInt(int64(last), 10) + "-" + randomHex() + ".db",
 		Node:   h.cfg.NodeID, Saved: time.Now().UTC(),
 	}
-	if _, err := h.cfg.Checkpoints.Put(ctx, m.Object, f, size, blob.PutOptions{IfNoneMatch: true}); err != nil {
+	if _, err := h.cfg.Checkpoints.Put(ctx, m.Object, copyR, size, blob.PutOptions{IfNoneMatch: true}); err != nil {
 		return 0, fmt.Errorf("upload copy: %w", err)
 	}
 	data, _ := json.Marshal(m)
@@ -183,6 +176,58 @@ func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string,
 	}
 	h.log.Debug("checkpointed", "session", id, "last_seq", last, "fence", fence, "bytes", size)
 	return last, nil
+}
+
+// spoolMemory is how much of a checkpoint copy a spool keeps in memory;
+// larger copies go to a temporary file. Most histories are far smaller, and
+// creating and deleting a file per checkpoint is what costs on a busy node.
+const spoolMemory = 4 << 20
+
+// spool collects a checkpoint copy: in memory up to spoolMemory bytes, in
+// a temporary file beyond.
+type spool struct {
+	buf bytes.Buffer
+	f   *os.File
+}
+
+func (s *spool) Write(p []byte) (int, error) {
+	if s.f == nil && s.buf.Len()+len(p) <= spoolMemory {
+		return s.buf.Write(p)
+	}
+	if s.f == nil {
+		f, err := os.CreateTemp("", "atrium-checkpoint-*")
+		if err != nil {
+			return 0, fmt.Errorf("spool checkpoint copy: %w", err)
+		}
+		s.f = f
+		if _, err := s.buf.WriteTo(f); err != nil {
+			return 0, fmt.Errorf("spool checkpoint copy: %w", err)
+		}
+	}
+	return s.f.Write(p)
+}
+
+// reader returns the copy and its size.
+func (s *spool) reader() (io.Reader, int64, error) {
+	if s.f == nil {
+		return bytes.NewReader(s.buf.Bytes()), int64(s.buf.Len()), nil
+	}
+	size, err := s.f.Seek(0, io.SeekCurrent)
+	if err == nil {
+		_, err = s.f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("spool checkpoint copy: %w", err)
+	}
+	return s.f, size, nil
+}
+
+// close removes the temporary file, if any.
+func (s *spool) close() {
+	if s.f != nil {
+		s.f.Close()
+		os.Remove(s.f.Name())
+	}
 }
 
 // deleteCheckpoints removes every checkpoint of a deleted session.

@@ -810,6 +810,12 @@ func TestCluster_RescueDeadNode(t *testing.T) {
 	a.nc.Close() // Node a dies: no renewal, no release.
 	// No command is sent: only the rescue can bring the session to node b.
 	eventually(t, "node b to take the session over on its own", func() bool { _, ok := leaseOf(b.host, id); return ok })
+	if _, held := a.host.NodeLease(); held {
+		t.Error("node a, cut off, still reports its node lease held")
+	}
+	if _, ok := leaseOf(a.host, id); ok {
+		t.Error("node a, cut off, still lists the session")
+	}
 
 	fin, evs := waitTurn(t, e, id, 2)
 	if fin.Status != session.TurnOK {

@@ -490,7 +490,7 @@ func (l *lease) markLost(why string) {
 	l.isLost = true
 	l.mu.Unlock()
 	l.h.forgetLease(l)
-	l.h.log.Error("ownership lost; stopping the session", "session", l.id, "fence", l.fence, "why", why)
+	l.h.log.Error("ownership lease lost; stopping the session", "session", l.id, "fence", l.fence, "why", why)
 	if l.lost != nil {
 		l.lost()
 	}
@@ -556,6 +556,16 @@ func (h *Host) forgetLease(l *lease) {
 		delete(h.leases, l.id)
 	}
 	h.leaseMu.Unlock()
+}
+
+// NodeLease reports whether the node holds its lease and when it last
+// renewed it (what readiness checks).
+func (h *Host) NodeLease() (renewed time.Time, held bool) {
+	if h.node == nil {
+		return time.Time{}, false
+	}
+	_, renewed, held = h.node.current()
+	return renewed, held
 }
 
 // Leases returns the sessions this node owns: what `atrium cluster status`

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -118,3 +119,67 @@ func TestDir_RestoreBadCopy(t *testing.T) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("download broke") }
+
+// TestLog_BackupSizes backs up a small history, which is copied through
+// memory and creates no file, and one over 2 MiB, which goes through VACUUM
+// INTO a temporary file; both restore whole, and neither leaves a file.
+func TestLog_BackupSizes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		events    int
+		eventSize int
+	}{
+		{"small", 320, 300},
+		{"large", 192, 16 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := newDir(t)
+			l := mustCreate(t, d, "s1")
+			for next := session.Seq(1); next <= session.Seq(tc.events); next += 64 {
+				mustAppend(t, l, batch(next, 64, tc.eventSize)...)
+			}
+			before := dirState(t, d.Path)
+			changes := watchDir(t, d.Path)
+			var buf bytes.Buffer
+			last, err := l.Backup(ctx, &buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := changes(); (tc.name == "small") != (len(got) == 0) {
+				t.Errorf("Backup changed the directory by %v", got)
+			}
+			if last != session.Seq(tc.events) {
+				t.Errorf("Backup returned last seq %d, want %d", last, tc.events)
+			}
+			if large := buf.Len() > 2<<20; large != (tc.name == "large") {
+				t.Fatalf("the copy is %d bytes: the case does not test what it says", buf.Len())
+			}
+			if after := dirState(t, d.Path); !maps.Equal(after, before) {
+				t.Errorf("the directory changed from %v to %v", before, after)
+			}
+			other := newDir(t)
+			if err := other.Restore(ctx, "s1", &buf); err != nil {
+				t.Fatal(err)
+			}
+			if got := slices.Sorted(maps.Keys(dirState(t, other.Path))); !slices.Equal(got, []string{"s1.db", "s1.db-shm", "s1.db-wal"}) {
+				t.Errorf("Restore left %v", got)
+			}
+			restored := dirState(t, other.Path)
+			r, err := other.Open(ctx, "s1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs, more, err := r.Range(ctx, 0, tc.events+1, 0)
+			if err != nil || more || !slices.Equal(seqs(t, evs), seqRange(1, last)) {
+				t.Errorf("Range of the restored copy: %d events, more %v, %v; want 1..%d", len(evs), more, err, last)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if after := dirState(t, other.Path); !maps.Equal(after, restored) {
+				t.Errorf("opening the restored history changed the directory from %v to %v", restored, after)
+			}
+		})
+	}
+}

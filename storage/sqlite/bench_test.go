@@ -3,6 +3,12 @@ package sqlite_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,4 +143,130 @@ func BenchmarkWakeAppend(b *testing.B) {
 			b.ReportMetric(float64(appendTime.Nanoseconds())/float64(next-1001), "first-append-ns")
 		})
 	}
+}
+
+// BenchmarkOpenParallel wakes 2,000 hibernated histories in one directory
+// from 64 goroutines, as a node does when many sessions wake at once; one op
+// is one BenchmarkOpen cycle on one history, and no two goroutines share a
+// history. Every history is woken once before the timer starts, so the
+// figures are those of histories that have been woken before. cpu-us/open is
+// the process's user and system CPU time (getrusage) per op.
+func BenchmarkOpenParallel(b *testing.B) {
+	const histories, workers = 2000, 64
+	d := newDir(b)
+	ctx := context.Background()
+	src := wakeHistory(b)
+	tmpl, err := os.ReadFile(filepath.Join(src.Path, "s_bench.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.MkdirAll(d.Path, 0o750); err != nil {
+		b.Fatal(err)
+	}
+	ids := make([]session.ID, histories)
+	for i := range ids {
+		ids[i] = session.ID(fmt.Sprintf("s_%04d", i))
+		if err := os.WriteFile(filepath.Join(d.Path, string(ids[i])+".db"), tmpl, 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wake := func(id session.ID) error {
+		l, err := d.Open(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		if _, err := l.Meta(ctx); err != nil {
+			return err
+		}
+		for _, k := range []session.Kind{session.KindSandbox, session.KindTurnStarted} {
+			if ev, err := l.LastOfKind(ctx, k); err != nil || ev == nil {
+				return fmt.Errorf("LastOfKind(%s) = %s, %v", k, ev, err)
+			}
+		}
+		return l.Close()
+	}
+	// run wakes histories from the workers until n wakes have started (all
+	// of them at least once if n < 0); worker w owns histories w, w+workers,
+	// and so on, and wakes them in turn.
+	run := func(n int) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := range workers {
+			wg.Go(func() {
+				var mine []session.ID
+				for i := w; i < histories; i += workers {
+					mine = append(mine, ids[i])
+				}
+				for k := 0; (n < 0 && k < len(mine)) || (n >= 0 && next.Add(1) <= int64(n)); k++ {
+					if err := wake(mine[k%len(mine)]); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+	}
+	run(-1)
+	before := cpuTime(b)
+	b.ResetTimer()
+	run(b.N)
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime(b)-before).Microseconds())/float64(b.N), "cpu-us/open")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "opens/s")
+}
+
+// cpuTime returns the user and system CPU time the process has used.
+func cpuTime(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkCreate creates and closes new histories in one directory; one op
+// is one Create and Close, and cpu-us/op the process's CPU time per op.
+func BenchmarkCreate(b *testing.B) {
+	d := newDir(b)
+	ctx := context.Background()
+	mustCreate(b, d, "s_first") // Builds the empty history once.
+	before := cpuTime(b)
+	n := 0
+	for b.Loop() {
+		l, err := d.Create(ctx, meta(session.ID(fmt.Sprintf("s_%d", n))))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64((cpuTime(b)-before).Microseconds())/float64(n), "cpu-us/op")
+}
+
+// BenchmarkBackup backs up a history of 1,000 events of ~300 bytes (about
+// 400 KiB) to io.Discard, as every hibernation does; cpu-us/op is the
+// process's CPU time per op.
+func BenchmarkBackup(b *testing.B) {
+	l := mustCreate(b, newDir(b), "s_bench")
+	mustAppend(b, l, batch(1, 1000, 300)...)
+	ctx := context.Background()
+	before := cpuTime(b)
+	n := 0
+	for b.Loop() {
+		if last, err := l.Backup(ctx, io.Discard); err != nil || last != 1000 {
+			b.Fatalf("Backup = %d, %v", last, err)
+		}
+		n++
+	}
+	b.ReportMetric(float64((cpuTime(b)-before).Microseconds())/float64(n), "cpu-us/op")
 }

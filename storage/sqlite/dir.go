@@ -9,21 +9,27 @@
 // builds the WAL index and parses the schema; Meta, LastSeq and LastOfKind
 // run on that connection too, and the pool of read connections that Range
 // uses connects only when Range is first called. Open with those reads and a
-// Close takes about 0.5 ms on two shared vCPUs (BenchmarkOpen), most of it
+// Close takes about 0.75 ms on two shared vCPUs (BenchmarkOpen), most of it
 // SQLite's own work: opening the files, building the WAL index, parsing the
-// schema.
+// schema. With 64 wakes at once over 2,000 histories in one directory
+// (BenchmarkOpenParallel) each costs about 0.85 ms of CPU.
 //
-// Close checkpoints the WAL into the database file, and SQLite deletes the WAL
-// when its last connection closes, so a closed history is its .db file alone.
-// The price is paid by the first commit after the next Open: it starts a new
-// WAL, whose header SQLite fsyncs, and the directory too, because the WAL file
-// is new. That happens even with SyncNormal, whose later commits do no fsync at
-// all: the first commit took 0.35–0.4 ms against about 35 µs for later ones
-// (BenchmarkWakeAppend's first-append-ns against BenchmarkAppend batch=1).
-// Checkpointing differently at Close does not avoid it: PASSIVE, RESTART
-// and TRUNCATE all leave the same two fsyncs, and so does an empty WAL file
-// kept with SQLITE_FCNTL_PERSIST_WAL. Only a WAL left holding frames would
-// avoid them, and the next Open would then read it all back.
+// Close checkpoints the WAL into the database file and truncates it, so a
+// closed history's database file alone holds all of it; the empty -wal and
+// the -shm file are kept (SQLITE_FCNTL_PERSIST_WAL), so waking and closing a
+// history creates and deletes no file. Creating and deleting them on every
+// wake cost 1.4 to 3.4 ms of CPU per wake in BenchmarkOpenParallel: on ext4
+// without a journal, the inode allocator scans recently deleted inodes on
+// every create, and the directory's lock serializes concurrent wakes.
+// Dir.Remove deletes all three files. A history whose WAL files are missing
+// (closed by an older atrium) opens as well and gets them again.
+//
+// The first commit after an Open starts the WAL afresh, and SQLite fsyncs
+// its header and the directory. That happens even with SyncNormal, whose
+// later commits do no fsync at all: the first commit took 0.35–0.4 ms against
+// about 35 µs for later ones (BenchmarkWakeAppend's first-append-ns against
+// BenchmarkAppend batch=1). Only a WAL left holding frames would avoid it,
+// and the next Open would then read it all back.
 //
 // modernc.org/sqlite watches a context that can be cancelled (ctx.Done() is
 // not nil) with a goroutine per statement, and database/sql adds one per
@@ -34,15 +40,20 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -73,12 +84,17 @@ type Dir struct {
 }
 
 // Create makes a new history for m.ID holding metadata m and opens it. It
-// fails with an error matching session.ErrConflict if the history exists. The
-// file is built under a temporary name and linked into place, so a crash
-// never leaves a half-made history that Open accepts.
+// fails with an error matching session.ErrConflict if the history exists.
+// The file is built in memory, written to an unnamed file (O_TMPFILE), synced
+// and only then linked under its name, so a crash never leaves a half-made
+// history that Open accepts, and no temporary name is created and removed.
+// (Where O_TMPFILE is not supported a temporary name is used instead.)
 func (d *Dir) Create(ctx context.Context, m session.Meta) (_ *Log, err error) {
 	if err := m.ID.Validate(); err != nil {
 		return nil, fmt.Errorf("create history: %w", err)
+	}
+	if _, err := d.syncMode(); err != nil {
+		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
 	if d.Exists(m.ID) {
 		return nil, fmt.Errorf("create history: %w", session.Errorf(session.CodeConflict, "session %s already exists", m.ID))
@@ -86,40 +102,13 @@ func (d *Dir) Create(ctx context.Context, m session.Meta) (_ *Log, err error) {
 	if err := os.MkdirAll(d.Path, 0o750); err != nil {
 		return nil, fmt.Errorf("create history %s: make dir: %w", m.ID, err)
 	}
-	f, err := os.CreateTemp(d.Path, "."+string(m.ID)+".*.tmp")
+	b, err := newHistory(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
-	tmp := f.Name()
-	defer removeFiles(tmp) // Cleans up after a failure; the temporary name only.
-	empty := d.emptyHistory(ctx)
-	if empty != nil {
-		_, err = f.Write(empty)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
-	}
-	l, err := d.open(ctx, tmp, m.ID, empty == nil)
-	if err != nil {
-		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
-	}
-	err = l.SetMeta(ctx, m)
-	if cerr := l.Close(); err == nil {
-		err = cerr // Close checkpoints, so the whole history is in tmp now.
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
-	}
-	if err := os.Link(tmp, d.file(m.ID)); errors.Is(err, fs.ErrExist) {
+	if err := writeNew(d.Path, d.file(m.ID), b); errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("create history: %w", session.Errorf(session.CodeConflict, "session %s already exists", m.ID))
 	} else if err != nil {
-		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
-	}
-	// SQLite warns about a file with two links, so drop the temporary one now.
-	if err := os.Remove(tmp); err != nil {
 		return nil, fmt.Errorf("create history %s: %w", m.ID, err)
 	}
 	if err := syncDir(d.Path); err != nil {
@@ -128,52 +117,106 @@ func (d *Dir) Create(ctx context.Context, m session.Meta) (_ *Log, err error) {
 	return d.Open(ctx, m.ID)
 }
 
-// emptyFile is the bytes of a closed history file in WAL mode with the
-// current schema and no metadata, built once per process by the first Create
-// (see Dir.emptyHistory).
+// emptyFile is the bytes of a history with the current schema and no
+// metadata, in rollback-journal mode, built in memory once per process by
+// the first Create (see newHistory).
 var emptyFile struct {
 	mu sync.Mutex             // held while building
 	b  atomic.Pointer[[]byte] // nil until built
 }
 
-// emptyHistory returns the bytes of an empty history file (WAL mode, schema
-// migrated, no metadata), building them in d.Path on first use; nil if that
-// failed, and Create then builds the file itself. Copying them saves each
-// Create turning a new file into a WAL database and running the migrations,
-// which costs a rollback journal, its fsyncs and the schema's parse: about a
-// third of a Create. The journal mode, page size and user_version live in
-// the file, so the copy is the same database the migrations would make.
-func (d *Dir) emptyHistory(ctx context.Context) []byte {
+// newHistory returns the bytes of a closed history file in WAL mode with the
+// current schema, metadata m and no events. It builds them in an in-memory
+// database, which cannot be in WAL mode, from a copy of an empty history
+// (migrated once per process), and then marks them as WAL mode: bytes 18 and
+// 19 of the header, the file format's write and read versions, are 2 for WAL
+// and 1 for a rollback journal, and the journal mode is nothing else. A file
+// built this way is the database that Open, the migrations and SetMeta on a
+// new file would make, without a file and its journals being created,
+// synced and deleted.
+func newHistory(ctx context.Context, m session.Meta) ([]byte, error) {
+	meta, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", ":memory:")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if err := emptyHistory(ctx, conn); err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('session', ?)`, meta); err != nil {
+		return nil, fmt.Errorf("set metadata: %w", err)
+	}
+	var b []byte
+	err = conn.Raw(func(dc any) error {
+		s, ok := dc.(serializer)
+		if !ok {
+			return fmt.Errorf("driver connection %T cannot serialize", dc)
+		}
+		b, err = s.Serialize()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serialize: %w", err)
+	}
+	if len(b) < 100 {
+		return nil, fmt.Errorf("serialize: %d bytes, shorter than a database header", len(b))
+	}
+	b[18], b[19] = 2, 2 // WAL mode.
+	return b, nil
+}
+
+// emptyHistory makes the in-memory database of conn an empty history: a
+// copy of emptyFile, or, the first time, the migrations run afresh and then
+// kept in emptyFile.
+func emptyHistory(ctx context.Context, conn *sql.Conn) error {
+	deserialize := func(b []byte) error {
+		return conn.Raw(func(dc any) error {
+			s, ok := dc.(serializer)
+			if !ok {
+				return fmt.Errorf("driver connection %T cannot deserialize", dc)
+			}
+			return s.Deserialize(b) // Copies b.
+		})
+	}
 	if b := emptyFile.b.Load(); b != nil {
-		return *b
+		return deserialize(*b)
 	}
 	emptyFile.mu.Lock()
 	defer emptyFile.mu.Unlock()
 	if b := emptyFile.b.Load(); b != nil {
-		return *b
+		return deserialize(*b)
 	}
-	f, err := os.CreateTemp(d.Path, ".empty.*.tmp")
+	for v, m := range migrations {
+		if _, err := conn.ExecContext(ctx, m); err != nil {
+			return fmt.Errorf("migrate to schema version %d: %w", v+1, err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+		return fmt.Errorf("set schema version: %w", err)
+	}
+	var b []byte
+	err := conn.Raw(func(dc any) (err error) {
+		s, ok := dc.(serializer)
+		if !ok {
+			return fmt.Errorf("driver connection %T cannot serialize", dc)
+		}
+		b, err = s.Serialize()
+		return err
+	})
 	if err != nil {
-		return nil
-	}
-	tmp := f.Name()
-	defer removeFiles(tmp)
-	if err := f.Close(); err != nil {
-		return nil
-	}
-	l, err := d.open(context.WithoutCancel(ctx), tmp, "", true)
-	if err != nil {
-		return nil
-	}
-	if err := l.Close(); err != nil { // Close checkpoints: the file is whole.
-		return nil
-	}
-	b, err := os.ReadFile(tmp)
-	if err != nil || len(b) == 0 {
-		return nil
+		return fmt.Errorf("serialize empty history: %w", err)
 	}
 	emptyFile.b.Store(&b)
-	return b
+	return nil
 }
 
 // Open opens the history of id and brings its schema up to date. It fails with
@@ -244,6 +287,55 @@ func (d *Dir) logger() *slog.Logger {
 		return d.Logger
 	}
 	return slog.Default()
+}
+
+// writeNew makes path, in dir, a new file holding b, synced; it fails with
+// an error matching fs.ErrExist if path exists. The file gets its name only
+// once it is whole: it is written unnamed (O_TMPFILE) and linked into place
+// through /proc/self/fd, or, where either is not available, written under a
+// temporary name that is then linked into place and removed.
+func writeNew(dir, path string, b []byte) error {
+	f, err := os.OpenFile(dir, os.O_RDWR|unix.O_TMPFILE, 0o600)
+	if err != nil {
+		return writeNewNamed(dir, path, b)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrExist):
+		return &fs.PathError{Op: "link", Path: path, Err: err}
+	default: // No /proc, or a filesystem that cannot link an unnamed file.
+		return writeNewNamed(dir, path, b)
+	}
+}
+
+// writeNewNamed is writeNew with a temporary name.
+func writeNewNamed(dir, path string, b []byte) (err error) {
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // After the link, or after a failure.
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Link(tmp, path)
 }
 
 // removeFiles removes a database file's WAL, shared-memory file and then the

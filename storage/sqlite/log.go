@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,13 +70,9 @@ type Log struct {
 // create makes the file a WAL database first. (The journal mode is stored in
 // the file, so Open need not set it again.)
 func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool) (_ *Log, err error) {
-	syncMode := "NORMAL"
-	switch d.Sync {
-	case "", SyncNormal:
-	case SyncFull:
-		syncMode = "FULL"
-	default:
-		return nil, fmt.Errorf("sync mode %q: want %q or %q", d.Sync, SyncNormal, SyncFull)
+	syncMode, err := d.syncMode()
+	if err != nil {
+		return nil, err
 	}
 	l := &Log{id: id, path: path, maxBytes: d.MaxBytes}
 	if l.maxBytes <= 0 {
@@ -90,11 +87,11 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool)
 	if create {
 		pragmas = append(pragmas, "journal_mode(WAL)")
 	}
-	if l.writer, err = sql.Open("sqlite", dsn(pragmas...)); err != nil {
+	if l.writer, err = openDB(dsn(pragmas...)); err != nil {
 		return nil, err
 	}
 	l.writer.SetMaxOpenConns(1)
-	if l.readers, err = sql.Open("sqlite", dsn("query_only(1)")); err != nil {
+	if l.readers, err = openDB(dsn("query_only(1)")); err != nil {
 		l.writer.Close()
 		return nil, err
 	}
@@ -114,6 +111,54 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool)
 	}
 	l.lastSeq.Store(last)
 	return l, nil
+}
+
+// syncMode returns the value of PRAGMA synchronous for d.Sync.
+func (d *Dir) syncMode() (string, error) {
+	switch d.Sync {
+	case "", SyncNormal:
+		return "NORMAL", nil
+	case SyncFull:
+		return "FULL", nil
+	}
+	return "", fmt.Errorf("sync mode %q: want %q or %q", d.Sync, SyncNormal, SyncFull)
+}
+
+// openDB returns a pool of connections to dsn that keep the WAL files (see
+// keepWAL).
+func openDB(dsn string) (*sql.DB, error) {
+	c, err := sqlite.NewConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(keepWAL{c}), nil
+}
+
+// keepWAL is a driver.Connector that sets SQLITE_FCNTL_PERSIST_WAL on every
+// connection it opens. SQLite then keeps the -wal and -shm files when the
+// last connection to a history closes (it still checkpoints, and Log.Close
+// truncates the WAL to nothing first), so waking and hibernating a history
+// again creates and deletes no file: on a busy node those creates and
+// deletes were most of the cost of a wake, all of it kernel time spent in the
+// filesystem's inode allocator and under the directory's lock. Every
+// connection carries the flag because whichever closes last decides.
+type keepWAL struct{ driver.Connector }
+
+func (c keepWAL) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fc, ok := conn.(sqlite.FileControl)
+	if !ok {
+		conn.Close()
+		return nil, fmt.Errorf("keep WAL files: driver connection %T has no file control", conn)
+	}
+	if _, err := fc.FileControlPersistWAL("main", 1); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("keep WAL files: %w", err)
+	}
+	return conn, nil
 }
 
 func (l *Log) migrate(ctx context.Context, d *Dir) error {
@@ -338,9 +383,10 @@ func (l *Log) SetMeta(ctx context.Context, m session.Meta) error {
 	return l.classify(err, "set metadata of", int64(len(b)))
 }
 
-// Close checkpoints the WAL into the database file and closes every
-// connection, so the history holds no file descriptor afterwards. It is safe
-// to call twice.
+// Close checkpoints the WAL into the database file, truncates the WAL to
+// nothing and closes every connection, so the database file alone holds the
+// whole history and no file descriptor stays open. The empty -wal and the
+// -shm file stay for the next Open (see keepWAL). It is safe to call twice.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -353,8 +399,16 @@ func (l *Log) Close() error {
 		errs = append(errs, st.Close())
 	}
 	errs = append(errs, l.readers.Close()) // Readers first, so the checkpoint can complete.
-	if _, err := l.writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+	// The checkpoint truncates the WAL to nothing; with journal_size_limit
+	// 0, so does SQLite's own checkpoint when the writer closes, had this
+	// one been kept from completing.
+	var busy int
+	if err := l.writer.QueryRow(`PRAGMA journal_size_limit = 0`).Scan(new(int64)); err != nil {
+		errs = append(errs, fmt.Errorf("limit WAL: %w", err))
+	} else if err := l.writer.QueryRow(`PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, new(int), new(int)); err != nil {
 		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
+	} else if busy != 0 {
+		errs = append(errs, errors.New("checkpoint: the WAL is in use"))
 	}
 	errs = append(errs, l.writer.Close())
 	if err := errors.Join(errs...); err != nil {

@@ -97,7 +97,8 @@ func seqRange(from, to session.Seq) []session.Seq {
 
 // TestDir_CreateFromEmptyCopy checks the histories Create makes by copying
 // the process's empty history file (every Create after the first): WAL mode,
-// their own metadata, appendable, reopened intact, and nothing left behind.
+// their own metadata, appendable, reopened intact, and nothing left behind
+// but their kept WAL files.
 func TestDir_CreateFromEmptyCopy(t *testing.T) {
 	ctx := context.Background()
 	d := newDir(t)
@@ -135,7 +136,7 @@ func TestDir_CreateFromEmptyCopy(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if want := []string{"s_a.db", "s_b.db", "s_c.db"}; !slices.Equal(names, want) {
+	if want := []string{"s_a.db", "s_a.db-shm", "s_a.db-wal", "s_b.db", "s_b.db-shm", "s_b.db-wal", "s_c.db", "s_c.db-shm", "s_c.db-wal"}; !slices.Equal(names, want) {
 		t.Errorf("directory holds %v, want %v", names, want)
 	}
 }
@@ -208,6 +209,9 @@ func TestDir_Remove(t *testing.T) {
 	mustAppend(t, l, batch(1, 3, 100)...)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if got := dirState(t, d.Path); len(got) != 3 {
+		t.Fatalf("closed history is %v, want the file, its WAL and shared memory", got)
 	}
 	if err := d.Remove(ctx, "s_a"); err != nil {
 		t.Fatal(err)
@@ -526,8 +530,8 @@ func TestLog_CloseReleasesFiles(t *testing.T) {
 	if open := openFiles(t, d.Path); len(open) != 0 {
 		t.Errorf("files still open after Close: %v", open)
 	}
-	if _, err := os.Stat(filepath.Join(d.Path, "s_a.db-wal")); err == nil {
-		t.Error("WAL left after Close")
+	if fi, err := os.Stat(filepath.Join(d.Path, "s_a.db-wal")); err != nil || fi.Size() != 0 {
+		t.Errorf("WAL after Close: %v, %v; want an empty file", fi, err)
 	}
 }
 

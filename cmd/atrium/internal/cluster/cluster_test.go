@@ -293,8 +293,7 @@ func TestCluster_RollingRestart(t *testing.T) {
 // are placed on both nodes.
 func TestCluster_SpreadSessions(t *testing.T) {
 	const n = 1000
-	// A long lease: a thousand active sessions renew theirs every third
-	// of it, and this test is about placement, not expiry.
+	// A long lease: this test is about placement, not expiry.
 	c := StartCluster(t, Options{LeaseTTL: 10 * time.Second})
 	clients := []*client.Client{c.Client(0), c.Client(1)}
 	ids := make([]session.ID, n)
