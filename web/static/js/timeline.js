@@ -138,12 +138,15 @@ export class Timeline {
   // trimming, which happens only while reading far back) stops following.
   // Layout changes (the queue or the prompt box growing) move no scrollTop,
   // so they never stop following; the ResizeObserver keeps the end in view.
+  // While following, rows far behind the store's end are a burst (a resume
+  // catching up) that the scheduled render shows, starting the window
+  // afresh; only a reader who left the live end steps back towards it.
   scrolled() {
     const top = this.scroller.scrollTop;
     const up = top < this.lastTop - 1;
     this.lastTop = top;
     if (this.atBottom()) {
-      if (this.store.hi - this.vhi > MAX_ROWS) {
+      if (!this.following && this.store.hi - this.vhi > MAX_ROWS) {
         this.newer(); // reading far back: step towards the live end
       } else {
         this.following = true;

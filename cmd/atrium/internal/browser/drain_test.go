@@ -13,15 +13,15 @@ import (
 	"github.com/atriumhq/atrium/session"
 )
 
-// drainLines is how many lines drainHarness prints: one every 20 ms (more
+// drainLines is how many lines drainHarness prints: one every 16 ms (more
 // than the node's output flush delay, so each is an output event of its
 // own), most of them while the server drains. More than MAX_ROWS and a
 // history page, so the page catches up with a burst bigger than its window.
-const drainLines = 1600
+const drainLines = 800
 
 var drainHarness = map[string]any{"command": []string{"/bin/bash", "-c", fmt.Sprintf(`
 read -r input
-for i in $(seq 1 %d); do echo "line $i"; sleep 0.02; done
+for i in $(seq 1 %d); do echo "line $i"; sleep 0.016; done
 `, drainLines)}}
 
 // TestBrowser_ResumeAfterDrain stops the server while a turn prints lines
@@ -49,7 +49,9 @@ func TestBrowser_ResumeAfterDrain(t *testing.T) {
 	st.prompt("alice", s.ID, "lines")
 	alice.waitRow("the first lines", ".k-output", "line 20\n")
 	px.block()
+	stopped := time.Now()
 	addr := st.restart() // drains: the turn runs to its end meanwhile
+	t.Logf("the drain and restart took %v", time.Since(stopped).Round(time.Millisecond))
 	end := st.waitEvent("alice", s.ID, "the end of the turn", func(ev event) bool {
 		return ev.Kind == session.KindTurnFinished
 	})
@@ -64,8 +66,10 @@ func TestBrowser_ResumeAfterDrain(t *testing.T) {
 	}
 	t.Logf("the page resumes after seq %d of %d", saw, lastSeq)
 
+	back := time.Now()
 	px.resume(addr)
 	alice.waitLive()
+	t.Logf("reconnected %v after the restarted server was reachable", time.Since(back).Round(time.Millisecond))
 	alice.waitJS("the last event in view, following the live end", fmt.Sprintf(`(() => {
 		const r = document.querySelector('#rows > .ev[data-seq="%d"]');
 		if (!r || !document.querySelector('.jump').hidden) return false;
@@ -82,7 +86,9 @@ func TestBrowser_ResumeAfterDrain(t *testing.T) {
 	checkContiguous(t, "rows at the live end", rows)
 
 	// Every event is in the timeline: scroll up through all of it.
+	scrolled := time.Now()
 	seqs, text := alice.scrollToStart()
+	t.Logf("scrolled up through %d rows in %v", len(seqs), time.Since(scrolled).Round(time.Millisecond))
 	want := make([]int64, lastSeq)
 	for i := range want {
 		want[i] = int64(i + 1)

@@ -40,7 +40,7 @@ esac
 
 	alice := st.open("alice")
 	alice.openSession(s.ID)
-	alice.waitJS("the first page only", `Number(document.querySelector('#rows > .ev').dataset.seq) > 500`)
+	alice.waitJS("the first page only", `(() => { const r = document.querySelector('#rows > .ev'); return r && Number(r.dataset.seq) > 500 })()`)
 	alice.waitRow("the queue, from before the first page", "#queue li", "queued two")
 	alice.waitRow("the running turn, from before the first page", "#turn-state", "Turn 1 waiting for approval")
 	alice.click(`.k-approval_requested button[data-approve="allow"]`)
