@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
@@ -16,11 +17,26 @@ import (
 // deduplication.
 const recentWindow = 1024
 
+// promptLookupTimeout bounds looking a retried prompt up in the history.
+const promptLookupTimeout = 5 * time.Second
+
 // recentPrompts remembers the seq of recent prompts by user and client_id,
 // so a retried prompt is acknowledged with its original seq.
+//
+// It starts empty at each activation. Rather than loading the last prompts
+// from the history then (up to recentWindow events read and decoded on every
+// wake, milliseconds for a long session, most wakes bringing no prompt), a
+// prompt that misses it is looked up in the history (History.PromptSeq, one
+// indexed lookup) while the history may hold prompts it does not: a prompt
+// from before this activation or one it has forgotten. A retry whose first
+// attempt was committed by an earlier activation (before hibernation, or
+// on a node that died) thus gets its original seq too.
 type recentPrompts struct {
 	byKey map[string]*recentPrompt
 	order []string // oldest first
+	// partial is set when the history may hold prompts with a client_id
+	// that byKey lacks.
+	partial bool
 }
 
 type recentPrompt struct {
@@ -40,6 +56,7 @@ func (r *recentPrompts) add(key string, p *recentPrompt) {
 	if len(r.order) > recentWindow {
 		delete(r.byKey, r.order[0])
 		r.order = r.order[1:]
+		r.partial = true
 	}
 }
 
@@ -161,6 +178,18 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 			}
 			return
 		}
+		if s.recent.partial {
+			seq, err := s.committedPrompt(user, c.ClientID)
+			if err != nil {
+				respond(msg, errorReply(err))
+				return
+			}
+			if seq > 0 {
+				s.recent.add(key, &recentPrompt{seq: seq, durable: true})
+				respond(msg, session.Reply{Seq: seq})
+				return
+			}
+		}
 	}
 	data := messageData(c.Text, c.ClientID)
 	if len(data) > s.maxData {
@@ -194,6 +223,21 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 	if key != "" {
 		s.recent.add(key, rp)
 	}
+}
+
+// committedPrompt returns the seq of the prompt user sent with clientID as
+// the history holds it, 0 if there is none. The actor waits for the lookup
+// (tens of microseconds, longer only behind an Append in progress): what
+// comes after depends on it.
+func (s *sessionActor) committedPrompt(user, clientID string) (session.Seq, error) {
+	ctx, cancel := context.WithTimeout(s.h.ctx, promptLookupTimeout)
+	defer cancel()
+	seq, err := s.hist.PromptSeq(ctx, user, clientID)
+	if err != nil {
+		s.log.Warn("look up a retried prompt", "err", err)
+		return 0, session.Errorf(session.CodeUnavailable, "could not check whether this prompt was already received; retry")
+	}
+	return seq, nil
 }
 
 // maxEventData is the largest event data that still publishes within the

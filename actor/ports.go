@@ -24,6 +24,9 @@ type History interface {
 	LastSeq(ctx context.Context) (session.Seq, error)
 	// LastOfKind returns the newest event of kind, or nil if there is none.
 	LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessage, error)
+	// PromptSeq returns the seq of the newest message event by user with
+	// client_id clientID, or 0 if there is none. It is one indexed lookup.
+	PromptSeq(ctx context.Context, user, clientID string) (session.Seq, error)
 	// Meta and SetMeta read and replace the session's metadata.
 	Meta(ctx context.Context) (session.Meta, error)
 	SetMeta(ctx context.Context, m session.Meta) error

@@ -115,6 +115,7 @@ type openResult struct {
 	sandbox  session.SandboxState
 	queue    []session.Prompt // acknowledged prompts whose turn has not started
 	prev     *previousTurn    // how the last finished turn ended; nil if none did
+	prompted bool             // the history holds a prompt (see recentPrompts.partial)
 }
 
 // sessionActor owns one session: its history (sole writer), its turn queue,
@@ -612,7 +613,7 @@ func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, 
 	}
 	// Every prompt after the one the last turn ran was acknowledged but
 	// never started: it is the queue, and it runs now.
-	if res.queue, err = queuedPrompts(ctx, hist, started.PromptSeq); err != nil {
+	if res.queue, res.prompted, err = queuedPrompts(ctx, hist, started.PromptSeq); err != nil {
 		return nil, fmt.Errorf("read queued prompts: %w", err)
 	}
 	if len(res.queue) > 0 {
@@ -652,24 +653,25 @@ func (s *sessionActor) finishInterrupted(ctx context.Context, hist History, res 
 }
 
 // queuedPrompts returns the prompts (message events) after seq after, in
-// order. The common case, no message after it, costs one indexed lookup.
-func queuedPrompts(ctx context.Context, hist History, after session.Seq) ([]session.Prompt, error) {
+// order, and whether the history holds any prompt. The common case, no
+// message after it, costs one indexed lookup.
+func queuedPrompts(ctx context.Context, hist History, after session.Seq) (_ []session.Prompt, prompted bool, _ error) {
 	raw, err := hist.LastOfKind(ctx, session.KindMessage)
 	if err != nil || raw == nil {
-		return nil, err
+		return nil, false, err
 	}
 	var head struct {
 		Seq session.Seq `json:"seq"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("decode last message: %w", err)
+		return nil, true, fmt.Errorf("decode last message: %w", err)
 	}
 	lastMsg := head.Seq
 	var queue []session.Prompt
 	for after < lastMsg {
 		evs, more, err := hist.Range(ctx, after, maxHistoryLimit, session.DefaultHistoryMaxBytes)
 		if err != nil {
-			return nil, err
+			return nil, true, err
 		}
 		for _, raw := range evs {
 			var ev struct {
@@ -679,7 +681,7 @@ func queuedPrompts(ctx context.Context, hist History, after session.Seq) ([]sess
 				Data session.MessageData `json:"data"`
 			}
 			if err := json.Unmarshal(raw, &ev); err != nil {
-				return nil, fmt.Errorf("decode event after %d: %w", after, err)
+				return nil, true, fmt.Errorf("decode event after %d: %w", after, err)
 			}
 			after = ev.Seq
 			if ev.Kind == session.KindMessage {
@@ -690,7 +692,7 @@ func queuedPrompts(ctx context.Context, hist History, after session.Seq) ([]sess
 			break
 		}
 	}
-	return queue, nil
+	return queue, true, nil
 }
 
 func (s *sessionActor) takeHandoff() *handoff {
@@ -741,6 +743,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	s.sandboxState = ho.open.sandbox
 	s.lastActivity = ho.open.lastTime
 	s.prev = ho.open.prev
+	s.recent.partial = ho.open.prompted
 	s.box = s.h.boxes.lookup(s.id)
 	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {
 		s.armSleep() // Its timer was lost with a previous incarnation.

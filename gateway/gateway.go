@@ -195,8 +195,8 @@ type Server struct {
 	// ctx is cancelled by Close; connections end when it is.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// bg runs the hub's dispatcher, the maintenance ticker and the catalog
-	// watcher.
+	// bg runs the hub's dispatcher, the maintenance ticker, the catalog
+	// watcher and the node lease watcher.
 	bg sync.WaitGroup
 	// conns counts connection handlers and writers; Add only under mu while
 	// !closing.
@@ -210,6 +210,9 @@ type Server struct {
 
 	// cache is the catalog as watchCatalog last saw it.
 	cache catalogCache
+	// nodes cancels commands in flight to a node whose lease ends
+	// (watchNodes).
+	nodes nodeLeases
 
 	closeOnce sync.Once
 	closed    chan struct{} // closed when Close has finished
@@ -367,6 +370,7 @@ func New(cfg Config) (*Server, error) {
 	s.bg.Go(s.hub.run)
 	s.bg.Go(s.maintain)
 	s.bg.Go(s.watchCatalog)
+	s.bg.Go(s.watchNodes)
 	s.bg.Go(s.recheckTokens)
 	s.bg.Go(s.runQuotas)
 	s.startAutomation()

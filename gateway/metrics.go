@@ -26,6 +26,8 @@ type metrics struct {
 	limited      prometheus.Counter       // HTTP responses 429 Too Many Requests
 	fanoutLag    prometheus.Histogram     // live event: arrival from NATS → written to a WebSocket
 	affinity     *prometheus.CounterVec   // activations by placement affinity result (hit, miss, unknown)
+	failovers    *prometheus.CounterVec   // commands whose node's lease ended in flight, by result (retried, unavailable)
+	nodeWatch    prometheus.Gauge         // 1 while the node lease watcher runs (nodes.go)
 
 	// requestCounters caches requests' counters, which are looked up for
 	// every request: routeCode → prometheus.Counter.
@@ -96,6 +98,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 			Name: "atrium_gateway_place_affinity_total",
 			Help: "Session activations by placement affinity: hit (the node that last held the session answered), miss (that node is gone: the queue group was asked), unknown (the catalog names no node: the queue group was asked).",
 		}, []string{"result"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "atrium_gateway_node_failovers_total",
+			Help: "Commands in flight to a node whose lease ended (it died or stopped) before it answered, by result: retried (safe to repeat: sent again at once), unavailable (perhaps applied: the client was told to check the history).",
+		}, []string{"result"}),
+		nodeWatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "atrium_gateway_node_lease_watch_up",
+			Help: "1 while the gateway watches the nodes' leases; at 0, commands in flight to a node that dies wait for the request timeout.",
+		}),
 	}
 	for _, tr := range []string{"ws", "sse"} {
 		m.conns.WithLabelValues(tr)
@@ -111,9 +121,12 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{affinityHit, affinityMiss, affinityUnknown} {
 		m.affinity.WithLabelValues(r)
 	}
+	for _, r := range []string{failoverRetried, failoverUnavailable} {
+		m.failovers.WithLabelValues(r)
+	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.conns, m.sessions, m.fanout, m.slow, m.gapRefetches, m.requests,
-		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, m.affinity, catalogCollector{c: &s.cache}} {
+		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, m.affinity, m.failovers, m.nodeWatch, catalogCollector{c: &s.cache}} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -134,6 +147,12 @@ const (
 	affinityHit     = "hit"
 	affinityMiss    = "miss"
 	affinityUnknown = "unknown"
+)
+
+// Results of atrium_gateway_node_failovers_total.
+const (
+	failoverRetried     = "retried"
+	failoverUnavailable = "unavailable"
 )
 
 // authFailed counts a failed authentication.

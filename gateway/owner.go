@@ -67,12 +67,33 @@ func natsError(err error) error {
 
 // call sends cmd to the actor of id. When nobody serves the session it asks
 // the nodes to activate it and retries, if activate is set; otherwise it
-// returns errNotActive.
+// returns errNotActive. When the node serving the session stops while
+// handling cmd (its lease ends: see requestCmd), cmd is sent again at once if
+// it is safe to repeat (see repeatable), and answered unavailable otherwise.
 func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, cmd session.Command, activate bool) (*session.Reply, error) {
 	placeDeadline := time.Now().Add(placeRetryFor)
 	placeBackoff := minPlaceBackoff
+	failovers := 0
 	for attempt := 0; ; attempt++ {
-		reply, err := s.request(ctx, s.subj.Cmd(id), p, cmd)
+		reply, err := s.requestCmd(ctx, p, id, cmd)
+		if errors.Is(err, errNodeGone) {
+			if !repeatable(cmd) {
+				return nil, s.notRepeated(id, cmd, err)
+			}
+			if failovers == maxFailovers {
+				s.metrics.failovers.WithLabelValues(failoverUnavailable).Inc()
+				return nil, withCause(session.Errorf(session.CodeUnavailable,
+					"the nodes serving session %s stopped %d times while handling the %s command: try again shortly",
+					id, failovers+1, cmd.Op), err)
+			}
+			// Sent again at once: another node serves the session about
+			// when its old node's lease ended, or it meets no responders
+			// and is placed as below.
+			s.metrics.failovers.WithLabelValues(failoverRetried).Inc()
+			failovers++
+			attempt--
+			continue
+		}
 		if !errors.Is(err, nats.ErrNoResponders) {
 			if err != nil {
 				return nil, natsError(err)
@@ -106,11 +127,76 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 	}
 }
 
+// maxFailovers is how many times call sends a command again after the node
+// serving its session stopped while handling it.
+const maxFailovers = 3
+
+// requestCmd sends cmd to id's actor (request). It follows the node that
+// serves the session (the catalog's Node, a hint; see nodeLeases): if that
+// node's lease ends first, the wait ends at once with an error matching
+// errNodeGone.
+func (s *Server) requestCmd(ctx context.Context, p session.Principal, id session.ID, cmd session.Command) (*session.Reply, error) {
+	var node string
+	if e, ok := s.cache.lookup(id); ok && e != nil {
+		node = e.Node
+	}
+	ctx, stop := s.nodes.follow(ctx, node)
+	defer stop()
+	reply, err := s.request(ctx, s.subj.Cmd(id), p, cmd)
+	if err != nil && errors.Is(err, context.Canceled) {
+		if cause := context.Cause(ctx); errors.Is(cause, errNodeGone) {
+			return nil, cause
+		}
+	}
+	return reply, err
+}
+
+// notRepeated is the answer to a command that is not safe to repeat whose
+// node stopped while handling it (err matches errNodeGone).
+func (s *Server) notRepeated(id session.ID, cmd session.Command, err error) error {
+	s.metrics.failovers.WithLabelValues(failoverUnavailable).Inc()
+	return withCause(session.Errorf(session.CodeUnavailable,
+		"the node serving session %s stopped while handling the %s command: it may or may not have been applied; check the session's history before retrying",
+		id, cmd.Op), err)
+}
+
+// repeatable reports whether cmd may be sent again after the node serving
+// its session stopped while handling it: the node may or may not have
+// applied it, and sending it again must do no harm either way.
+//
+//	op             again  why
+//	history        yes    a read
+//	info           yes    a read
+//	secrets        yes    a read (names only)
+//	cancel         yes    idempotent: the turn (or the prompt at PromptSeq) is cancelled once; with no
+//	                      PromptSeq a repeat may stop the next turn if it started meanwhile
+//	approve        yes    idempotent: the same decision on the same approval
+//	member         yes    idempotent: sets the user's role to a value
+//	egress         yes    idempotent: replaces the allowlist with a value
+//	prompt         if a client_id: the new owner dedups it (same seq); without one it could be queued twice
+//	delete         no     applied once, the retry would answer not_found
+//	secret_set     no     a value another caller set meanwhile would be overwritten; the secrets list shows whether it was applied
+//	secret_delete  no     applied once, the retry would answer not_found
+//	pr_opened      no     each one appends an event
+//
+// Any other op is not repeated.
+func repeatable(cmd session.Command) bool {
+	switch cmd.Op {
+	case session.OpHistory, session.OpInfo, session.OpSecrets,
+		session.OpCancel, session.OpApprove, session.OpMember, session.OpEgress:
+		return true
+	case session.OpPrompt:
+		return cmd.ClientID != ""
+	}
+	return false
+}
+
 // activate asks a node to activate id. The node that last held the session
 // (its catalog entry's Node, from this gateway's copy: no round trip) is
 // asked first on its own place subject: its disk has the history file, so
 // waking there costs no restore from object storage and no stream replay.
-// If that node is gone (no responders) the queue group is asked at once.
+// If that node is gone (no responders, or its lease ends before it
+// answers) the queue group is asked at once.
 // Any other answer, unavailable included, is the caller's to handle, as from
 // the queue group.
 func (s *Server) activate(ctx context.Context, p session.Principal, id session.ID) error {
@@ -120,7 +206,15 @@ func (s *Server) activate(ctx context.Context, p session.Principal, id session.I
 		node = e.Node
 	}
 	if subj := s.subj.PlaceOn(node); subj != "" {
-		_, err := s.request(ctx, subj, p, req)
+		// If that node's lease ends before it answers (it died while
+		// activating), the queue group is asked as if it were gone:
+		// activating twice does no harm.
+		nctx, stop := s.nodes.follow(ctx, node)
+		_, err := s.request(nctx, subj, p, req)
+		if err != nil && errors.Is(context.Cause(nctx), errNodeGone) && ctx.Err() == nil {
+			err = nats.ErrNoResponders
+		}
+		stop()
 		if !errors.Is(err, nats.ErrNoResponders) {
 			s.metrics.affinity.WithLabelValues(affinityHit).Inc()
 			return err

@@ -212,10 +212,18 @@ func (k *commander) run() {
 		if p.reply != nil {
 			reply, err = k.await(p, timer)
 		}
-		if errors.Is(err, nats.ErrNoResponders) {
+		switch {
+		case errors.Is(err, errNodeGone) && !repeatable(p.cmd):
+			err = k.c.s.notRepeated(k.c.id, p.cmd, err)
+		case errors.Is(err, errNodeGone):
+			// Its node stopped while handling it: send it again, through
+			// call, which places the session if it must.
+			k.c.s.metrics.failovers.WithLabelValues(failoverRetried).Inc()
+			fallthrough
+		case errors.Is(err, nats.ErrNoResponders):
 			k.setDirect(false)
 			reply, err = k.c.s.call(k.ctx, k.c.p, k.c.id, p.cmd, true)
-		} else {
+		default:
 			err = natsError(err)
 		}
 		k.answer(p, reply, err)
@@ -234,13 +242,27 @@ func (k *commander) setDirect(v bool) {
 	k.mu.Unlock()
 }
 
-// await waits for the reply to a published command.
+// await waits for the reply to a published command. It gives up with an
+// error matching errNodeGone when the lease of the node serving the session
+// (the catalog's hint) ends first.
 func (k *commander) await(p *pending, timer *time.Timer) (*session.Reply, error) {
 	timer.Reset(time.Until(p.deadline))
 	defer timer.Stop()
+	var node string
+	if e, ok := k.c.s.cache.lookup(k.c.id); ok && e != nil {
+		node = e.Node
+	}
+	gone, stop := k.c.s.nodes.follow(k.ctx, node)
+	defer stop()
 	select {
 	case m := <-p.reply:
 		return decodeReply(k.c.s.subj.Cmd(k.c.id), m)
+	case <-gone.Done():
+		k.c.s.replies.cancel(p.token)
+		if cause := context.Cause(gone); errors.Is(cause, errNodeGone) {
+			return nil, cause
+		}
+		return nil, k.ctx.Err()
 	case <-timer.C:
 		k.c.s.replies.cancel(p.token)
 		return nil, context.DeadlineExceeded

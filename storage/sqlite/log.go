@@ -32,7 +32,19 @@ var migrations = []string{
 	`CREATE TABLE events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, json BLOB NOT NULL);
 	 CREATE INDEX events_kind_seq ON events (kind, seq);
 	 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB);`,
+	// events_prompt finds a prompt by who sent it and its client_id (see
+	// PromptSeq), so a session can acknowledge a retried prompt with its
+	// original seq after waking. Only message events are indexed: an insert
+	// of any other kind costs nothing more.
+	`CREATE INDEX events_prompt ON events (` + promptBy + `, ` + promptClientID + `, seq) WHERE kind = 'message';`,
 }
+
+// promptBy and promptClientID are the expressions of the events_prompt index;
+// a query uses the index only if it spells them the same way.
+const (
+	promptBy       = `json_extract(json, '$.by')`
+	promptClientID = `json_extract(json, '$.data.client_id')`
+)
 
 // exactRows and maxChunk shape Append's INSERT statements. A batch of up to
 // exactRows events is one INSERT of that many rows; a larger one is INSERTs
@@ -49,10 +61,10 @@ const (
 
 // Log is one open session history. One goroutine appends to it (the session
 // actor) while any number of others read. Append, SetMeta and the point reads
-// (Meta, LastOfKind) go through a single writer connection, so waking a
-// session opens one connection; Range, which may read megabytes, goes through
-// a small pool of read connections, connected on first use, which WAL mode
-// lets run alongside the writer.
+// (Meta, LastOfKind, PromptSeq) go through a single writer connection, so
+// waking a session opens one connection; Range, which may read megabytes,
+// goes through a small pool of read connections, connected on first use,
+// which WAL mode lets run alongside the writer.
 type Log struct {
 	id       session.ID
 	path     string // the database file
@@ -352,6 +364,23 @@ func (l *Log) LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessag
 		return nil, l.classify(err, "read", 0)
 	}
 	return b, nil
+}
+
+// PromptSeq returns the seq of the newest message event by user whose
+// client_id is clientID, or 0 if there is none. It is one lookup in the
+// events_prompt index and, like LastOfKind, runs on the writer connection,
+// so it waits for an Append in progress.
+func (l *Log) PromptSeq(ctx context.Context, user, clientID string) (session.Seq, error) {
+	var seq session.Seq
+	err := l.writer.QueryRowContext(ctx, `SELECT seq FROM events INDEXED BY events_prompt
+		WHERE kind = 'message' AND `+promptBy+` = ? AND `+promptClientID+` = ? ORDER BY seq DESC LIMIT 1`,
+		user, clientID).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	} else if err != nil {
+		return 0, l.classify(err, "read", 0)
+	}
+	return seq, nil
 }
 
 // Meta returns the session's metadata.
