@@ -836,3 +836,39 @@ func TestCluster_RescueDeadNode(t *testing.T) {
 	}
 	checkContiguous(t, evs)
 }
+
+// TestHost_LeftoverOwnRecord: a record of this node's own live incarnation
+// that nothing holds (its release failed) does not lock the session out:
+// the next activation on the node takes it back.
+func TestHost_LeftoverOwnRecord(t *testing.T) {
+	ns := startJetStream(t)
+	n := startNode(t, "a", ns.ClientURL(), newProvider(t), nil, withHibernate(50*time.Millisecond))
+	e := gatewayEnv(t, ns.ClientURL())
+	id := e.create("alice", shell())
+	eventually(t, "hibernated", func() bool { _, held := leaseOf(n.host, id); return !held })
+
+	js, _ := jetstream.New(e.gw)
+	owners, err := js.KeyValue(t.Context(), session.Subjects{}.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, err := owners.Get(t.Context(), session.NodeLeaseKey("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live session.Lease
+	if err := json.Unmarshal(nl.Value(), &live); err != nil || live.Inc == "" {
+		t.Fatalf("node a's lease %s: %v", nl.Value(), err)
+	}
+	rec, _ := json.Marshal(session.Lease{Node: "a", Inc: live.Inc, Acquired: session.Time{Time: time.Now().UTC()}})
+	rev, err := owners.Put(t.Context(), session.LeaseKey(id), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := e.place("alice", session.PlaceRequest{Op: session.PlaceActivate, Session: id}); rep.Error != nil {
+		t.Fatalf("activate with a leftover record of node a's own incarnation: %v", rep.Error)
+	}
+	if l, ok := leaseOf(n.host, id); !ok || l.Fence <= int64(rev) {
+		t.Fatalf("node a's lease %+v (held %v), want a fence above the leftover's %d", l, ok, rev)
+	}
+}

@@ -392,8 +392,10 @@ func (h *Host) incarnationAlive(ctx context.Context, rec session.Lease) (bool, e
 		return false, nil
 	}
 	if rec.Node == h.cfg.NodeID {
-		inc, _, ok := h.node.current()
-		return ok && inc == rec.Inc, nil
+		// Never alive: this node runs one actor per session (the
+		// manager), the one acquiring, so a record of ours is left from an
+		// earlier incarnation or from a release that failed.
+		return false, nil
 	}
 	msg, err := h.ownersLatest(ctx, session.NodeLeaseKey(rec.Node))
 	if err != nil || msg == nil || isKVDelete(msg.Header) {
