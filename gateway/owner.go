@@ -115,7 +115,7 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			// session over, or died and its lease has yet to expire), or
 			// the node that answered is shutting down: wait and retry.
 			attempt--
-			if werr := sleepCtx(ctx, placeBackoff); werr != nil {
+			if werr := s.waitPlaceRetry(ctx, id, placeBackoff); werr != nil {
 				return nil, natsError(werr)
 			}
 			placeBackoff = min(2*placeBackoff, maxPlaceBackoff)
@@ -125,6 +125,24 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			return nil, natsError(err)
 		}
 	}
+}
+
+// waitPlaceRetry waits d before a place request is retried, or less: until
+// the lease of the node the catalog says serves id ends. That node held
+// the session; once its lease is gone any node may take it over, so the
+// retry goes at once instead of at the end of a backoff of up to a second.
+func (s *Server) waitPlaceRetry(ctx context.Context, id session.ID, d time.Duration) error {
+	var node string
+	if e, ok := s.cache.lookup(id); ok && e != nil {
+		node = e.Node
+	}
+	fctx, stop := s.nodes.follow(ctx, node)
+	defer stop()
+	err := sleepCtx(fctx, d)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(fctx), errNodeGone) {
+		return nil
+	}
+	return err
 }
 
 // maxFailovers is how many times call sends a command again after the node

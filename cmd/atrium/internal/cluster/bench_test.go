@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -429,7 +431,7 @@ func cpuPer(before, after map[string]time.Duration, ops int) string {
 // the lease, restores the checkpoint and answers).
 func BenchmarkActivation(b *testing.B) {
 	const n = 1000
-	c := StartCluster(b, Options{LeaseTTL: -1, HibernateAfter: 2 * time.Second})
+	c := StartCluster(b, Options{LeaseTTL: -1, HibernateAfter: 2 * time.Second, Direct: true})
 	quick := session.Harness{Command: []string{"true"}}
 	for i := 0; i < b.N; i++ {
 		// One at a time first: the latency of one placement, unloaded.
@@ -528,6 +530,30 @@ func BenchmarkHibernatedMemory(b *testing.B) {
 		after, eachAfter := rss()
 		b.Logf("node RSS: before %v; after creating %v; all hibernated %v", eachBefore, eachCreated, eachAfter)
 		b.ReportMetric(float64(after-before)/float64(n)/1024, "KiB/hibernated")
+		// Disk: the nodes' history directories (each history's file, its
+		// empty WAL and its WAL index, kept between wakes), in allocated
+		// blocks.
+		var disk int64
+		for _, p := range c.Nodes {
+			err := filepath.WalkDir(filepath.Join(p.dataDir, "history"), func(path string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				info, err := d.Info()
+				if err != nil {
+					return err
+				}
+				if st, ok := info.Sys().(*syscall.Stat_t); ok {
+					disk += st.Blocks * 512
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatalf("disk usage of %s: %v", p.Name, err)
+			}
+		}
+		b.Logf("history files on disk: %.1f MiB, %.1f KiB per session", float64(disk)/(1<<20), float64(disk)/float64(n)/1024)
+		b.ReportMetric(float64(disk)/float64(n)/1024, "disk-KiB/session")
 		b.ReportMetric(0, "ns/op")
 	}
 }

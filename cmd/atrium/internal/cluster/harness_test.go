@@ -101,6 +101,10 @@ type Options struct {
 	// CheckpointInterval is node.checkpoint_interval; zero leaves the
 	// server's default.
 	CheckpointInterval time.Duration
+	// Direct connects the nodes straight to their NATS servers, without
+	// the proxies that can partition them (Proxies stays empty): the
+	// benchmarks then measure Atrium and NATS, not the proxies' copying.
+	Direct bool
 }
 
 func (o *Options) fill() {
@@ -167,10 +171,14 @@ func StartCluster(t testing.TB, opts Options) *Cluster {
 	root := t.TempDir()
 	for i := range opts.Nodes {
 		name := "node-" + string(rune('a'+i))
-		px := StartProxy(t, c.NATS[i%natsServers].Addr().String())
-		c.Proxies = append(c.Proxies, px)
+		url := c.NATS[i%natsServers].ClientURL()
+		if !opts.Direct {
+			px := StartProxy(t, c.NATS[i%natsServers].Addr().String())
+			c.Proxies = append(c.Proxies, px)
+			url = "nats://" + px.Addr()
+		}
 		p := newProc(t, name, []string{"node"}, ports[i], filepath.Join(root, name))
-		p.writeConfig(c.configYAML(p, "nats://"+px.Addr()))
+		p.writeConfig(c.configYAML(p, url))
 		c.Nodes = append(c.Nodes, p)
 	}
 	for i := range opts.Gateways {
