@@ -30,7 +30,7 @@ func newBenchCmd(env *cliEnv) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure fan-out, append, wake-up, memory and resume against an in-process server",
+		Short: "Measure fan-out, append, wake-up, activation, memory and resume against an in-process server",
 		Long: `Start in-process Atrium servers (embedded NATS, node, SQLite histories, local
 sandboxes, gateway on loopback) and measure them through the client wire
 protocol, as real clients would:
@@ -42,6 +42,9 @@ protocol, as real clients would:
   append  acknowledged (durable) events/s into one session, over REST and
           over WebSocket
   wake    prompt → ack of a hibernated session
+  activation
+          hibernated sessions woken per second by 64 concurrent clients
+          (history reads), and the latency of one wake under that load
   memory  server RSS per idle WebSocket watcher (watchers in a child
           process), goroutines/open files/RSS per hibernated session
   resume  replay of a long history to a client reconnecting with after=0
@@ -53,6 +56,7 @@ in docs/benchmarks.md.`,
 		Example: `  atrium bench
   atrium bench --scenarios fanout --watchers 2000 --duration 10s
   atrium bench --scenarios wake,resume --json > bench.json
+  atrium bench --scenarios activation --activation-sessions 5000
   atrium bench --scenarios fanout --cpuprofile fanout.pprof   # then: go tool pprof bin/atrium fanout.pprof`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -143,6 +147,7 @@ in docs/benchmarks.md.`,
 	f.StringSliceVar(&cfg.AppendVia, "append-via", []string{"rest", "ws"}, "append runs: rest (concurrent POSTs), ws (prompts over WebSockets)")
 	f.IntVar(&cfg.WSConns, "ws-conns", bench.DefaultWSConns, "WebSockets of the ws append run (each also receives every event)")
 	f.IntVar(&cfg.WakeSamples, "wake-samples", bench.DefaultWakeSamples, "hibernated sessions woken one at a time")
+	f.IntVar(&cfg.ActivationSessions, "activation-sessions", bench.DefaultActivationSessions, "hibernated sessions woken, 64 at a time, by the activation scenario")
 	f.IntVar(&cfg.Sessions, "sessions", bench.DefaultSessions, "sessions hibernated by the memory scenario")
 	f.IntVar(&cfg.ResumeEvents, "resume-events", bench.DefaultResumeEvents, "history length replayed by the resume scenario")
 	f.StringVar(&cfg.DataDir, "data", "", "directory for the servers' data (default: a temporary directory, removed afterwards)")

@@ -56,7 +56,7 @@ func TestBench_BadScenario(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	err := run(t.Context(), []string{"bench", "--scenarios", "fanout,nope"}, strings.NewReader(""), &stdout, &stderr, func(string) string { return "" })
-	if err == nil || !strings.Contains(err.Error(), `unknown scenario "nope"`) || !strings.Contains(err.Error(), "fanout,append,wake,memory,resume") {
+	if err == nil || !strings.Contains(err.Error(), `unknown scenario "nope"`) || !strings.Contains(err.Error(), "fanout,append,wake,activation,memory,resume") {
 		t.Fatalf("err = %v, want the unknown scenario named and the choices listed", err)
 	}
 }

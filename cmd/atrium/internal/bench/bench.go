@@ -1,9 +1,9 @@
 // Package bench measures a running Atrium deployment against its targets:
 // WebSocket fan-out latency and throughput (compared with raw NATS), durable
-// append throughput, wake-up latency of hibernated sessions, memory per idle
-// watcher and per hibernated session, and resume replay time. `atrium bench`
-// runs it against in-process servers (package server) and prints the table
-// recorded in docs/benchmarks.md.
+// append throughput, wake-up latency and activation throughput of hibernated
+// sessions, memory per idle watcher and per hibernated session, and resume
+// replay time. `atrium bench` runs it against in-process servers (package
+// server) and prints the table recorded in docs/benchmarks.md.
 //
 // Every scenario starts its own server in its own data directory so that
 // scenarios do not disturb each other, and talks to it only through the
@@ -31,31 +31,33 @@ import (
 
 // Scenario names, in the order they run.
 const (
-	ScenarioFanout = "fanout"
-	ScenarioAppend = "append"
-	ScenarioWake   = "wake"
-	ScenarioMemory = "memory"
-	ScenarioResume = "resume"
+	ScenarioFanout     = "fanout"
+	ScenarioAppend     = "append"
+	ScenarioWake       = "wake"
+	ScenarioActivation = "activation"
+	ScenarioMemory     = "memory"
+	ScenarioResume     = "resume"
 )
 
 // Scenarios returns every scenario name in run order.
 func Scenarios() []string {
-	return []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioMemory, ScenarioResume}
+	return []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioActivation, ScenarioMemory, ScenarioResume}
 }
 
 // Defaults of Config.
 const (
-	DefaultWatchers     = 1000
-	DefaultDuration     = 5 * time.Second
-	DefaultRate         = 100
-	DefaultSenders      = 64
-	DefaultWSConns      = 8
-	DefaultWSWindow     = 16
-	DefaultWakeSamples  = 200
-	DefaultSessions     = 500
-	DefaultResumeEvents = 10000
-	DefaultResumeRuns   = 20
-	DefaultMaxRampSteps = 7
+	DefaultWatchers           = 1000
+	DefaultDuration           = 5 * time.Second
+	DefaultRate               = 100
+	DefaultSenders            = 64
+	DefaultWSConns            = 8
+	DefaultWSWindow           = 16
+	DefaultWakeSamples        = 200
+	DefaultActivationSessions = 1000
+	DefaultSessions           = 500
+	DefaultResumeEvents       = 10000
+	DefaultResumeRuns         = 20
+	DefaultMaxRampSteps       = 7
 )
 
 // Server is a running deployment under test. *server.Server implements it.
@@ -108,6 +110,9 @@ type Config struct {
 	WSConns, WSWindow int
 	// WakeSamples is the number of hibernated sessions woken, one at a time.
 	WakeSamples int
+	// ActivationSessions is the number of hibernated sessions the
+	// activation scenario wakes, many at a time.
+	ActivationSessions int
 	// Sessions is the number of sessions hibernated by the memory scenario.
 	Sessions int
 	// ResumeEvents is the length of the history replayed by the resume
@@ -165,13 +170,14 @@ func (c *Config) fill() error {
 	def(&c.WSConns, DefaultWSConns)
 	def(&c.WSWindow, DefaultWSWindow)
 	def(&c.WakeSamples, DefaultWakeSamples)
+	def(&c.ActivationSessions, DefaultActivationSessions)
 	def(&c.Sessions, DefaultSessions)
 	def(&c.ResumeEvents, DefaultResumeEvents)
 	def(&c.ResumeRuns, DefaultResumeRuns)
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
-	for _, v := range []int{c.Watchers, c.Rate, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.Sessions, c.ResumeEvents, c.ResumeRuns} {
+	for _, v := range []int{c.Watchers, c.Rate, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.ActivationSessions, c.Sessions, c.ResumeEvents, c.ResumeRuns} {
 		if v < 0 {
 			return errors.New("sizes must be positive")
 		}
@@ -222,15 +228,16 @@ type Report struct {
 
 // RunConfig is the part of Config that shaped the figures.
 type RunConfig struct {
-	Scenarios    []string `json:"scenarios"`
-	Watchers     int      `json:"watchers"`
-	DurationMS   int64    `json:"duration_ms"`
-	Rate         int      `json:"rate"`
-	Senders      int      `json:"senders"`
-	WakeSamples  int      `json:"wake_samples"`
-	Sessions     int      `json:"sessions"`
-	ResumeEvents int      `json:"resume_events"`
-	Sandbox      bool     `json:"sandbox"`
+	Scenarios          []string `json:"scenarios"`
+	Watchers           int      `json:"watchers"`
+	DurationMS         int64    `json:"duration_ms"`
+	Rate               int      `json:"rate"`
+	Senders            int      `json:"senders"`
+	WakeSamples        int      `json:"wake_samples"`
+	ActivationSessions int      `json:"activation_sessions"`
+	Sessions           int      `json:"sessions"`
+	ResumeEvents       int      `json:"resume_events"`
+	Sandbox            bool     `json:"sandbox"`
 }
 
 // Machine describes where the figures were taken.
@@ -278,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Machine: DescribeMachine(),
 		Config: RunConfig{
 			Scenarios: cfg.Scenarios, Watchers: cfg.Watchers, DurationMS: cfg.Duration.Milliseconds(),
-			Rate: cfg.Rate, Senders: cfg.Senders, WakeSamples: cfg.WakeSamples, Sessions: cfg.Sessions,
+			Rate: cfg.Rate, Senders: cfg.Senders, WakeSamples: cfg.WakeSamples, ActivationSessions: cfg.ActivationSessions, Sessions: cfg.Sessions,
 			ResumeEvents: cfg.ResumeEvents, Sandbox: cfg.Sandboxed,
 		},
 	}
@@ -302,6 +309,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			res, err = r.append(ctx)
 		case ScenarioWake:
 			res, err = r.wake(ctx)
+		case ScenarioActivation:
+			res, err = r.activation(ctx)
 		case ScenarioMemory:
 			res, err = r.memory(ctx)
 		case ScenarioResume:
@@ -455,7 +464,7 @@ func fmtValue(v float64, unit string) string {
 	switch unit {
 	case "ms":
 		return fmtMS(v)
-	case "events/s", "deliveries/s":
+	case "events/s", "deliveries/s", "sessions/s":
 		return fmt.Sprintf("%s %s", fmtCount(v), unit)
 	case "KiB":
 		return fmt.Sprintf("%.1f KiB", v)

@@ -56,22 +56,23 @@ func TestRun(t *testing.T) {
 	}
 	var progress bytes.Buffer
 	rep, err := Run(t.Context(), Config{
-		Start:        startTestServer,
-		Child:        testChild,
-		Sandboxed:    true,
-		Watchers:     20,
-		Duration:     400 * time.Millisecond,
-		Rate:         50,
-		MaxRampSteps: 1,
-		Senders:      4,
-		WSConns:      2,
-		WSWindow:     4,
-		WakeSamples:  4,
-		Sessions:     8,
-		ResumeEvents: 300,
-		ResumeRuns:   2,
-		DataDir:      t.TempDir(),
-		Progress:     &progress,
+		Start:              startTestServer,
+		Child:              testChild,
+		Sandboxed:          true,
+		Watchers:           20,
+		Duration:           400 * time.Millisecond,
+		Rate:               50,
+		MaxRampSteps:       1,
+		Senders:            4,
+		WSConns:            2,
+		WSWindow:           4,
+		WakeSamples:        4,
+		ActivationSessions: 50,
+		Sessions:           8,
+		ResumeEvents:       300,
+		ResumeRuns:         2,
+		DataDir:            t.TempDir(),
+		Progress:           &progress,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +119,12 @@ func TestRun(t *testing.T) {
 		"wake/hibernated → prompt ack (REST)": func(r Result) error {
 			if r.Samples != 4 {
 				return fmt.Errorf("samples %d, want 4", r.Samples)
+			}
+			return nil
+		},
+		"activation/hibernated sessions woken by a history read": func(r Result) error {
+			if r.Samples != 50 || r.Value <= 0 || r.Met == nil {
+				return fmt.Errorf("samples %d value %v met %v", r.Samples, r.Value, r.Met)
 			}
 			return nil
 		},
