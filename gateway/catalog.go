@@ -130,21 +130,31 @@ func (c *catalogCache) list(p session.Principal) ([]session.CatalogEntry, bool) 
 // when it fails. Until a watcher has delivered the whole bucket, requests
 // read the bucket directly.
 func (s *Server) watchCatalog() {
-	delay := catalogRetryMin
+	s.keepWatching(catalogRetryMin, catalogRetryMax, s.followCatalog, s.cache.reset,
+		"catalog watcher stopped: reading the catalog directly until it restarts")
+}
+
+// keepWatching runs follow until the server closes: whenever it returns,
+// stopped runs and, after a pause, follow again. The pause doubles from min
+// to max while follow keeps failing before it got going (ok false), and is
+// back to min once it did. The first failure in a row is logged at warn as
+// msg, the next ones at debug.
+func (s *Server) keepWatching(minDelay, maxDelay time.Duration, follow func() (ok bool, err error), stopped func(), msg string) {
+	delay := minDelay
 	for failures := 1; ; failures++ {
-		ready, err := s.followCatalog()
-		s.cache.reset()
+		ok, err := follow()
+		stopped()
 		if s.ctx.Err() != nil {
 			return
 		}
-		if ready {
-			delay, failures = catalogRetryMin, 1
+		if ok {
+			delay, failures = minDelay, 1
 		}
 		level := slog.LevelWarn // once, then quieter until it has worked again
 		if failures > 1 {
 			level = slog.LevelDebug
 		}
-		s.log.Log(s.ctx, level, "catalog watcher stopped: reading the catalog directly until it restarts", "retry_in", delay, "err", err)
+		s.log.Log(s.ctx, level, msg, "retry_in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-s.ctx.Done():
@@ -152,7 +162,7 @@ func (s *Server) watchCatalog() {
 			return
 		case <-t.C:
 		}
-		delay = min(2*delay, catalogRetryMax)
+		delay = min(2*delay, maxDelay)
 	}
 }
 

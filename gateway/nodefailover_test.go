@@ -381,14 +381,25 @@ func TestGateway_NodeFailoverWebSocket(t *testing.T) {
 			ws := f.dial(f.id, "alice", 0)
 			ws.nextOf(session.FrameHello)
 			f.node.Hibernate(f.id)
+			// moveTo waits for the session to look active again: first see
+			// it hibernated, or the wait would pass on the stale entry.
+			eventually(t, "the gateway to see the session hibernated", func() bool {
+				return failoverSeries(t, f.reg, "atrium_sessions", "state", string(session.StateHibernated)) == 1
+			})
 			got, kill := f.deadNode("node-a", session.Subjects{}.Cmd(f.id))
 			f.moveTo("node-a")
 
 			ws.send(map[string]any{"type": "prompt", "text": "hi", "client_id": tc.clientID})
-			select {
-			case <-got:
-			case <-f.ctx.Done():
-				t.Fatal("node-a never received the prompt frame's command")
+			// The connection's own catch-up reads may reach node-a too:
+			// wait for the prompt.
+			for prompt := false; !prompt; {
+				select {
+				case m := <-got:
+					var c session.Command
+					prompt = json.Unmarshal(m.Data, &c) == nil && c.Op == session.OpPrompt
+				case <-f.ctx.Done():
+					t.Fatal("node-a never received the prompt frame's command")
+				}
 			}
 			kill(false)
 			if tc.clientID != "" {

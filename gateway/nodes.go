@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -103,31 +102,8 @@ func (n *nodeLeases) ended(node string) int {
 // its watcher when it fails. While no watcher runs, requests to a node that
 // dies wait for the request timeout.
 func (s *Server) watchNodes() {
-	delay := nodesRetryMin
-	for failures := 1; ; failures++ {
-		watched, err := s.followNodes()
-		s.metrics.nodeWatch.Set(0)
-		if s.ctx.Err() != nil {
-			return
-		}
-		if watched {
-			delay, failures = nodesRetryMin, 1
-		}
-		level := slog.LevelWarn // once, then quieter until it has worked again
-		if failures > 1 {
-			level = slog.LevelDebug
-		}
-		s.log.Log(s.ctx, level, "node lease watcher stopped: commands to a node that dies wait for the request timeout until it restarts",
-			"retry_in", delay, "err", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-s.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(2*delay, nodesRetryMax)
-	}
+	s.keepWatching(nodesRetryMin, nodesRetryMax, s.followNodes, func() { s.metrics.nodeWatch.Set(0) },
+		"node lease watcher stopped: commands to a node that dies wait for the request timeout until it restarts")
 }
 
 // followNodes runs one watcher of the node leases, new changes only, until

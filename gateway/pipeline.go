@@ -103,6 +103,11 @@ type pending struct {
 	token    string
 	reply    chan *nats.Msg
 	deadline time.Time
+	// gone ends when the lease of the node serving the session (the
+	// catalog's hint when the command was published) ends; unfollow
+	// stops following it. Both are set with reply.
+	gone     context.Context
+	unfollow func()
 }
 
 // commander sends a WebSocket's commands (prompt, cancel, approve) to its
@@ -169,6 +174,13 @@ func (k *commander) submit(p *pending) {
 				msg.Header = maps.Clone(k.hdr)
 				_, traceEnd = k.c.s.traceRequest(k.ctx, msg, p.cmd)
 			}
+			// Follow the serving node before publishing: its lease may
+			// end before run awaits the reply.
+			var node string
+			if e, ok := k.c.s.cache.lookup(k.c.id); ok && e != nil {
+				node = e.Node
+			}
+			p.gone, p.unfollow = k.c.s.nodes.follow(k.ctx, node)
 			p.token, p.reply, err = k.c.s.replies.publish(msg)
 			traceEnd(err)
 		}
@@ -201,6 +213,9 @@ func (k *commander) run() {
 				select {
 				case p := <-k.queue:
 					k.c.s.replies.cancel(p.token)
+					if p.unfollow != nil {
+						p.unfollow()
+					}
 				default:
 					return
 				}
@@ -211,6 +226,9 @@ func (k *commander) run() {
 		err := nats.ErrNoResponders
 		if p.reply != nil {
 			reply, err = k.await(p, timer)
+		}
+		if p.unfollow != nil {
+			p.unfollow()
 		}
 		switch {
 		case errors.Is(err, errNodeGone) && !repeatable(p.cmd):
@@ -248,18 +266,12 @@ func (k *commander) setDirect(v bool) {
 func (k *commander) await(p *pending, timer *time.Timer) (*session.Reply, error) {
 	timer.Reset(time.Until(p.deadline))
 	defer timer.Stop()
-	var node string
-	if e, ok := k.c.s.cache.lookup(k.c.id); ok && e != nil {
-		node = e.Node
-	}
-	gone, stop := k.c.s.nodes.follow(k.ctx, node)
-	defer stop()
 	select {
 	case m := <-p.reply:
 		return decodeReply(k.c.s.subj.Cmd(k.c.id), m)
-	case <-gone.Done():
+	case <-p.gone.Done():
 		k.c.s.replies.cancel(p.token)
-		if cause := context.Cause(gone); errors.Is(cause, errNodeGone) {
+		if cause := context.Cause(p.gone); errors.Is(cause, errNodeGone) {
 			return nil, cause
 		}
 		return nil, k.ctx.Err()
