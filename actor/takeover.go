@@ -133,7 +133,7 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 				mine = evs[0]
 			}
 		}
-		err := s.replay(ctx, hist, local, 1, mine)
+		err := s.replay(ctx, hist, local, 1, last.Sequence, mine)
 		switch {
 		case errors.Is(err, errReplayGap):
 			s.log.Info("local history is behind the stream's reach; restoring the checkpoint", "last_seq", local, "stream_seq", streamSeq)
@@ -142,8 +142,18 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 			s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
 				"last_seq", local, "stream_seq", streamSeq)
 			return false, nil
+		case err != nil:
+			return false, err
 		}
-		return err == nil, err
+		if now, err := hist.LastSeq(ctx); err != nil || now < streamSeq {
+			if err != nil {
+				return false, err
+			}
+			s.log.Warn("the replay stopped short of the stream's last event; restoring the checkpoint",
+				"last_seq", now, "stream_seq", streamSeq)
+			return false, nil
+		}
+		return true, nil
 	}
 	evs, _, err := hist.Range(ctx, streamSeq-1, 1, 0)
 	if err != nil {
@@ -251,7 +261,11 @@ func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg
 	}
 	local, err := hist.LastSeq(ctx)
 	if err == nil {
-		err = s.replay(ctx, hist, local, start, nil)
+		var want uint64
+		if last != nil {
+			want = last.Sequence
+		}
+		err = s.replay(ctx, hist, local, start, want, nil)
 	}
 	if errors.Is(err, errReplayGap) {
 		err = session.Errorf(session.CodeUnavailable, "session %s cannot be restored: %v after seq %d", s.id, err, local)
@@ -269,11 +283,15 @@ func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg
 // copy of a seq counts, as it did for every replay before); events are
 // applied in seq order and must follow base without a gap (errReplayGap).
 // If mine is not nil, the stream's event base, when it still holds it,
-// must be mine byte for byte (errDiverged).
-func (s *sessionActor) replay(ctx context.Context, hist History, base session.Seq, start uint64, mine []byte) error {
+// must be mine byte for byte (errDiverged). The replay reads at least up to
+// stream sequence want, the newest message of the session the caller has
+// seen: its own look at the stream's end is a direct get, which a lagging
+// replica may answer with an older message, and stopping there would take
+// a file for current that is not.
+func (s *sessionActor) replay(ctx context.Context, hist History, base session.Seq, start, want uint64, mine []byte) error {
 	h := s.h
 	evSubj, metaSubj := h.cfg.Subjects.Events(s.id), h.cfg.Subjects.Meta(s.id)
-	var target uint64
+	target := want
 	for _, subj := range []string{evSubj, metaSubj} {
 		m, err := h.streamLast(ctx, subj)
 		if err != nil {
