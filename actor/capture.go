@@ -141,12 +141,11 @@ func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, e
 }
 
 // streamLast is the newest message of a subject in the events stream; nil
-// when there is none.
+// when there is none. It reads from the stream's leader (see leaderLast): a
+// replica that lags could name an older message, and a takeover that
+// believed it would trust a history that misses acknowledged events.
 func (h *Host) streamLast(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
-	msg, err := h.events.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
+	msg, err := h.leaderLast(ctx, h.cfg.Subjects.EventsStream(), subject)
 	if err != nil {
 		return nil, fmt.Errorf("read the events stream: %w", err)
 	}

@@ -411,12 +411,21 @@ func (h *Host) incarnationAlive(ctx context.Context, rec session.Lease) (bool, e
 // a stale read.
 func (h *Host) ownersLatest(ctx context.Context, key string) (*jetstream.RawStreamMsg, error) {
 	bucket := h.cfg.Subjects.OwnersBucket()
+	return h.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+key)
+}
+
+// leaderLast returns the newest message of subject in stream, nil if there
+// is none, as the stream's leader has it. A direct get (what the jetstream
+// package uses for streams that allow it) may be answered by any replica,
+// including one that lags behind messages already acknowledged: ownership
+// and takeover decisions must not rest on such a read.
+func (h *Host) leaderLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	req, _ := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{"$KV." + bucket + "." + key})
-	resp, err := h.cfg.NATS.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	}{subject})
+	resp, err := h.cfg.NATS.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
 	var r struct {
 		Error *struct {
@@ -432,21 +441,21 @@ func (h *Host) ownersLatest(ctx context.Context, key string) (*jetstream.RawStre
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
 	if r.Error != nil {
 		if r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("read %s: %s (%d)", key, r.Error.Description, r.Error.ErrCode)
+		return nil, fmt.Errorf("read %s: %s (%d)", subject, r.Error.Description, r.Error.ErrCode)
 	}
 	if r.Message == nil {
-		return nil, fmt.Errorf("read %s: empty reply", key)
+		return nil, fmt.Errorf("read %s: empty reply", subject)
 	}
-	m := &jetstream.RawStreamMsg{Subject: key, Sequence: r.Message.Sequence, Data: r.Message.Data, Time: r.Message.Time}
+	m := &jetstream.RawStreamMsg{Subject: subject, Sequence: r.Message.Sequence, Data: r.Message.Data, Time: r.Message.Time}
 	if len(r.Message.Header) > 0 {
 		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
-			return nil, fmt.Errorf("read %s: %w", key, err)
+			return nil, fmt.Errorf("read %s: %w", subject, err)
 		}
 	}
 	return m, nil
