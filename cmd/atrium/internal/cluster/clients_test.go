@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -468,10 +469,26 @@ func (tap *EventTap) Forks() []string {
 }
 
 // StreamEvents reads every message the events stream holds for session id
-// and returns, per seq, the compact bytes of each.
+// and returns, per seq, the compact bytes of each. A consumer whose pull
+// finds no responder for a moment (its creation has yet to reach the server
+// that serves it) is made again, as Leases does.
 func (c *Cluster) StreamEvents(id session.ID) (map[session.Seq][]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
+	for {
+		out, err := c.streamEvents(ctx, id)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+func (c *Cluster) streamEvents(ctx context.Context, id session.ID) (map[session.Seq][]string, error) {
 	subj := session.Subjects{}
 	cons, err := c.js.OrderedConsumer(ctx, subj.EventsStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subj.Events(id)},
