@@ -694,22 +694,30 @@ func TestHost_UpgradesOwnersBucket(t *testing.T) {
 	}
 }
 
-// TestHost_LeaseHeldElsewhere: a place request for a session whose record
-// names a live incarnation of another node is answered unavailable, naming
-// that node, and nothing is opened; once that node's lease expires the
-// session is taken over, its record rewritten with a higher fence.
-func TestHost_LeaseHeldElsewhere(t *testing.T) {
+// hibernatedOnA starts node a, creates a session on it, waits until it has
+// hibernated and returns the node, the env, the session and the owners
+// bucket.
+func hibernatedOnA(t *testing.T) (*clusterNode, *env, session.ID, jetstream.KeyValue) {
+	t.Helper()
 	ns := startJetStream(t)
 	n := startNode(t, "a", ns.ClientURL(), newProvider(t), nil, withHibernate(50*time.Millisecond))
 	e := gatewayEnv(t, ns.ClientURL())
 	id := e.create("alice", shell())
 	eventually(t, "hibernated", func() bool { _, held := leaseOf(n.host, id); return !held })
-
 	js, _ := jetstream.New(e.gw)
 	owners, err := js.KeyValue(t.Context(), session.Subjects{}.OwnersBucket())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return n, e, id, owners
+}
+
+// TestHost_LeaseHeldElsewhere: a place request for a session whose record
+// names a live incarnation of another node is answered unavailable, naming
+// that node, and nothing is opened; once that node's lease expires the
+// session is taken over, its record rewritten with a higher fence.
+func TestHost_LeaseHeldElsewhere(t *testing.T) {
+	n, e, id, owners := hibernatedOnA(t)
 	// Node z: a lease that expires in 2s unless renewed (it is not), and a
 	// record of the session under its incarnation.
 	now := session.Time{Time: time.Now().UTC()}
@@ -841,17 +849,7 @@ func TestCluster_RescueDeadNode(t *testing.T) {
 // that nothing holds (its release failed) does not lock the session out:
 // the next activation on the node takes it back.
 func TestHost_LeftoverOwnRecord(t *testing.T) {
-	ns := startJetStream(t)
-	n := startNode(t, "a", ns.ClientURL(), newProvider(t), nil, withHibernate(50*time.Millisecond))
-	e := gatewayEnv(t, ns.ClientURL())
-	id := e.create("alice", shell())
-	eventually(t, "hibernated", func() bool { _, held := leaseOf(n.host, id); return !held })
-
-	js, _ := jetstream.New(e.gw)
-	owners, err := js.KeyValue(t.Context(), session.Subjects{}.OwnersBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, e, id, owners := hibernatedOnA(t)
 	nl, err := owners.Get(t.Context(), session.NodeLeaseKey("a"))
 	if err != nil {
 		t.Fatal(err)

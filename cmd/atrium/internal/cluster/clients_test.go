@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -475,17 +474,7 @@ func (tap *EventTap) Forks() []string {
 func (c *Cluster) StreamEvents(id session.ID) (map[session.Seq][]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
-	for {
-		out, err := c.streamEvents(ctx, id)
-		if !errors.Is(err, nats.ErrNoResponders) {
-			return out, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(pollEvery):
-		}
-	}
+	return retryNoResponders(ctx, func() (map[session.Seq][]string, error) { return c.streamEvents(ctx, id) })
 }
 
 func (c *Cluster) streamEvents(ctx context.Context, id session.ID) (map[session.Seq][]string, error) {

@@ -379,14 +379,21 @@ func (c *Cluster) WaitOwner(id session.ID, not string) Lease {
 // JetStream API that has no responder for a moment (the consumer's
 // creation lands on a server whose JetStream is busy electing) is retried.
 func (c *Cluster) Leases(ctx context.Context) (map[string]Lease, error) {
+	return retryNoResponders(ctx, func() (map[string]Lease, error) { return c.leases(ctx) })
+}
+
+// retryNoResponders calls f again, every pollEvery until ctx ends, while it
+// fails with nats.ErrNoResponders: a JetStream consumer whose creation has
+// yet to reach the server that serves it.
+func retryNoResponders[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	for {
-		out, err := c.leases(ctx)
+		out, err := f()
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return out, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return out, err
 		case <-time.After(pollEvery):
 		}
 	}
