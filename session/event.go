@@ -93,11 +93,18 @@ type (
 		Turn    int64  `json:"turn"`
 		ID      string `json:"id"`
 		Summary string `json:"summary"`
+		// Agent approvals (ACP permission requests) also carry the tool
+		// call and the agent's options; a driver answers with an option.
+		Title   string            `json:"title,omitempty"`
+		Kind    string            `json:"kind,omitempty"`
+		Content []ToolCallContent `json:"content,omitempty"`
+		Options []ApprovalOption  `json:"options,omitempty"`
 	}
 	ApprovalResolvedData struct {
-		Turn  int64  `json:"turn"`
-		ID    string `json:"id"`
-		Allow bool   `json:"allow"`
+		Turn     int64  `json:"turn"`
+		ID       string `json:"id"`
+		Allow    bool   `json:"allow"`
+		OptionID string `json:"option_id,omitempty"`
 	}
 	TurnFinishedData struct {
 		Turn       int64      `json:"turn"`

@@ -242,3 +242,7 @@ type Lease struct {
 	Inc      string `json:"inc,omitempty"`
 	Acquired Time   `json:"acquired"`
 }
+
+// Delta is the subject of a session's streaming agent text (DeltaFrame),
+// published by the owner and never stored.
+func (s Subjects) Delta(id ID) string { return s.p() + ".session." + string(id) + ".delta" }

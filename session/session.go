@@ -45,6 +45,13 @@ type Session struct {
 type Harness struct {
 	Template string   `json:"template,omitempty"`
 	Command  []string `json:"command,omitempty"`
+	// Agent names an ACP agent (DESIGN §6 "Agents") that runs in the
+	// sandbox across turns instead of a per-turn harness.
+	Agent string `json:"agent,omitempty"`
+	// Stdin is how a harness gets its turn: "json" (the default: a JSON
+	// line, then approval answers) or "text" (the prompt alone, then end of
+	// input). Not used with Agent.
+	Stdin string `json:"stdin,omitempty"`
 }
 
 // UnmarshalJSON accepts the wire forms: "shell" or {"command":[…]}.
@@ -63,6 +70,24 @@ func (h *Harness) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// Harness stdin modes (DESIGN §6 harness contract).
+const (
+	HarnessStdinJSON = "json"
+	HarnessStdinText = "text"
+)
+
+func validAgentName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // DefaultTemplate is the harness template used when none is given.
 const DefaultTemplate = "shell"
 
@@ -70,6 +95,17 @@ const DefaultTemplate = "shell"
 func (h Harness) Validate() error {
 	if h.Template != "" && len(h.Command) > 0 {
 		return Errorf(CodeBadRequest, "harness: give a template or a command, not both")
+	}
+	if h.Agent != "" && (h.Template != "" || len(h.Command) > 0) {
+		return Errorf(CodeBadRequest, "harness: give an agent, a template or a command, not several")
+	}
+	if h.Agent != "" && !validAgentName(h.Agent) {
+		return Errorf(CodeBadRequest, "harness: agent name %q is not valid (letters, digits, '-' and '_', at most 64)", h.Agent)
+	}
+	switch h.Stdin {
+	case "", HarnessStdinJSON, HarnessStdinText:
+	default:
+		return Errorf(CodeBadRequest, `harness: stdin must be "json" or "text", not %q`, h.Stdin)
 	}
 	if h.Command != nil && len(h.Command) == 0 {
 		return Errorf(CodeBadRequest, "harness: command must not be empty")
