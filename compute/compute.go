@@ -57,6 +57,42 @@ type Spec struct {
 	// an optional ":port" (without one, ports 80 and 443). Setting both
 	// Network and Egress is an error. See compute/egress.
 	Egress []string
+	// ModelSocket is the host path of the Unix socket where the node's
+	// model gateway answers (DESIGN §6 "Model access"); "" when the node
+	// runs none. The provider makes it reachable inside the sandbox at
+	// ModelAddr, and nowhere else.
+	ModelSocket string
+	// Mounts are host directories made visible inside the sandbox, such as
+	// the installed agent programs (read-only) and the session's agent
+	// home.
+	Mounts []Mount
+}
+
+// Mount is a host directory bound into a sandbox.
+type Mount struct {
+	Host     string `json:"host"`
+	Sandbox  string `json:"sandbox"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// ModelAddr is where a sandbox reaches the node's model gateway: a
+// loopback address inside the sandbox's own network namespace.
+const ModelAddr = "127.0.0.1:4180"
+
+// ModelEndpoints is how an agent in a sandbox reaches its models through the
+// node's model gateway: a base URL per API family ("" when the node has no
+// provider of that kind) and the scoped token the agent presents as its API
+// key. Real keys never enter the sandbox.
+type ModelEndpoints struct {
+	// Anthropic is the base URL of the Anthropic Messages API, without
+	// "/v1" (Anthropic's SDKs append it).
+	Anthropic string `json:"anthropic,omitempty"`
+	// OpenAI is the base URL of the OpenAI API, ending in "/v1".
+	OpenAI string `json:"openai,omitempty"`
+	// Gemini is the base URL of the Gemini API, without a version.
+	Gemini string `json:"gemini,omitempty"`
+	// Token is the session's scoped model token.
+	Token string `json:"-"`
 }
 
 // ExecRequest is a command to run in a sandbox.
