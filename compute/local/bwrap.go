@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/egress"
 )
 
@@ -183,6 +184,8 @@ type sandboxOptions struct {
 	// egress, when set, binds the proxy's socket and the forwarder in and
 	// starts the forwarder before the command.
 	egress *egressMount
+	// mounts are host directories bound into the sandbox (compute.Spec.Mounts).
+	mounts []compute.Mount
 }
 
 // egressMount is what a command needs to reach its sandbox's egress proxy.
@@ -217,8 +220,9 @@ func (l *layout) args(workspace, dir string, o sandboxOptions, argv []string) []
 		script = `ready=$(` + egressForwarder + " -listen " + egressListen(e.port) + " -socket " + egressSocket +
 			` &); [ "$ready" = ` + egress.ForwarderReady + ` ] || exit 125; exec "$@"`
 	}
+	a = append(a, "--bind", workspace, Workspace)
+	a = append(a, mountArgs(o.mounts)...)
 	a = append(a,
-		"--bind", workspace, Workspace,
 		"--chdir", dir,
 		"--remount-ro", "/",
 		"--", "/bin/sh", "-c", script, "sh")

@@ -304,6 +304,11 @@ func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
 		}
 		lim.egress = a
 	}
+	mounts, err := checkMounts(spec.Mounts)
+	if err != nil {
+		return limits{}, err
+	}
+	lim.mounts = mounts
 	return lim, nil
 }
 
@@ -517,5 +522,5 @@ func environ(home string, extras ...[]string) []string {
 	for _, e := range extras {
 		env = append(env, e...)
 	}
-	return env
+	return lastWins(env)
 }

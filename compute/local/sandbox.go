@@ -31,6 +31,7 @@ type limits struct {
 	cpus    float64 // 0: no limit
 	network bool
 	egress  *egress.Allowlist // nil: no egress proxy
+	mounts  []compute.Mount   // host directories bound into the sandbox
 }
 
 // Sandbox is a handle on one session's sandbox, carrying the fence of the
@@ -333,7 +334,7 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		} else if !path.IsAbs(dir) {
 			dir = path.Join(Workspace, dir)
 		}
-		o := sandboxOptions{network: m.limits.network}
+		o := sandboxOptions{network: m.limits.network, mounts: m.limits.mounts}
 		if m.limits.egress != nil {
 			o.egress = &egressMount{socket: m.gate.socket, forwarder: p.forwarder, port: p.cfg.EgressPort}
 			proxy = proxyEnv(egressListen(p.cfg.EgressPort))
@@ -348,7 +349,8 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		// a host path.
 		cmdDir, home = "/", Workspace
 	} else {
-		target = req.Argv
+		target = unsafeMountPaths(m.limits.mounts, req.Argv)
+		req.Env = unsafeMountPaths(m.limits.mounts, req.Env)
 		cmdDir, home = m.hostDir(req.Dir), m.workspace
 		if m.limits.egress != nil {
 			proxy = proxyEnv(m.gate.addr)
@@ -436,7 +438,7 @@ func (m *machine) zygoteLocked(o sandboxOptions) *zygote {
 
 // sameOptions reports whether a and b build the same sandbox.
 func sameOptions(a, b sandboxOptions) bool {
-	if a.network != b.network || (a.egress == nil) != (b.egress == nil) {
+	if a.network != b.network || (a.egress == nil) != (b.egress == nil) || !slices.Equal(a.mounts, b.mounts) {
 		return false
 	}
 	return a.egress == nil || *a.egress == *b.egress
