@@ -32,14 +32,25 @@ func (s *Server) shutdownEnding() ending {
 }
 
 // serveCluster serves GET /v1/cluster: the cluster's nodes, their sessions
-// and NATS's health, for tenant admins. The dev identity may read it too: it
-// is loopback-only and may act as anyone anyway.
+// and NATS's health, for operators. The dev identity may read it too: it is
+// loopback-only and may act as anyone anyway. A tenant admin who is not an
+// operator reads only what concerns the tenant's own sessions.
 func (s *Server) serveCluster(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	if !p.Admin && p.Via != session.ViaDev {
-		s.fail(w, r, session.Errorf(session.CodeForbidden, "the cluster status is for tenant admins"))
+	var (
+		st  any
+		err error
+	)
+	switch {
+	case p.Operator || p.Via == session.ViaDev:
+		st, err = s.cluster(r.Context())
+	case p.Admin && s.tenantCluster != nil:
+		st, err = s.tenantCluster(r.Context(), p.Tenant)
+	default:
+		s.fail(w, r, session.Errorf(session.CodeForbidden,
+			"the cluster status is for operators (and, for their own sessions, tenant admins): "+
+				"ask your administrator to add you to the operator group"))
 		return
 	}
-	st, err := s.cluster(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return

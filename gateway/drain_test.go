@@ -74,14 +74,18 @@ func TestServer_ClusterRoute(t *testing.T) {
 	var fail atomic.Pointer[error] // set by the test, read by the handler
 	e := newEnv(t, func(c *gateway.Config) {
 		c.Auth = bearerAuth{
-			"admin": {User: "ada", Tenant: "acme", Admin: true, Via: session.ViaOIDC},
-			"bob":   {User: "bob", Tenant: "acme", Via: session.ViaOIDC},
+			"admin":    {User: "ada", Tenant: "acme", Admin: true, Operator: true, Via: session.ViaOIDC},
+			"tenantad": {User: "tia", Tenant: "globex", Admin: true, Via: session.ViaOIDC},
+			"bob":      {User: "bob", Tenant: "acme", Via: session.ViaOIDC},
 		}
 		c.ClusterStatus = func(context.Context) (any, error) {
 			if err := fail.Load(); err != nil {
 				return nil, *err
 			}
 			return status, nil
+		}
+		c.TenantClusterStatus = func(_ context.Context, tenant string) (any, error) {
+			return map[string]any{"tenant": tenant, "nodes": []any{}}, nil
 		}
 	})
 	get := func(bearer string) (int, []byte) {
@@ -94,6 +98,13 @@ func TestServer_ClusterRoute(t *testing.T) {
 	}
 	if code, body := get("bob"); code != http.StatusForbidden || errCode(t, body) != session.CodeForbidden {
 		t.Fatalf("non-admin: %d %s, want 403 forbidden", code, body)
+	}
+	// Issue 20, finding 5: a tenant admin saw every tenant's sessions,
+	// leases and nodes. Now only an operator does; a tenant admin gets
+	// the tenant's own part.
+	if code, body := get("tenantad"); code != http.StatusOK || strings.Contains(string(body), "node-a") ||
+		!strings.Contains(string(body), `"tenant":"globex"`) {
+		t.Fatalf("tenant admin: %d %s, want only globex's part", code, body)
 	}
 	if code, body := get("nobody"); code != http.StatusUnauthorized {
 		t.Fatalf("unauthenticated: %d %s, want 401", code, body)

@@ -134,10 +134,14 @@ type Config struct {
 	// Automation configures schedules and dead letters
 	// (gateway/automation.go); the zero value turns them on.
 	Automation Automation
-	// ClusterStatus, if set, answers GET /v1/cluster for tenant admins
-	// (and the dev identity) with the JSON of what it returns
-	// (`atrium cluster status`); nil: the route is 404.
+	// ClusterStatus, if set, answers GET /v1/cluster for operators
+	// (session.Principal.Operator, and the dev identity) with the JSON of
+	// what it returns (`atrium cluster status`); nil: the route is 404.
 	ClusterStatus func(ctx context.Context) (any, error)
+	// TenantClusterStatus, if set, answers GET /v1/cluster for a tenant
+	// admin who is not an operator: the part of the cluster's state that
+	// is about tenant's sessions. Nil: tenant admins are refused.
+	TenantClusterStatus func(ctx context.Context, tenant string) (any, error)
 	// Quotas caps invokes and sets the tenants' quotas (gateway/invoke.go);
 	// the zero value has the default invoke caps and no tenant quotas.
 	Quotas Quotas
@@ -186,8 +190,10 @@ type Server struct {
 	// Config.Automation.Disabled.
 	auto *automation
 
-	// cluster is Config.ClusterStatus.
-	cluster func(ctx context.Context) (any, error)
+	// cluster is Config.ClusterStatus, tenantCluster
+	// Config.TenantClusterStatus.
+	cluster       func(ctx context.Context) (any, error)
+	tenantCluster func(ctx context.Context, tenant string) (any, error)
 	// draining is set by Drain: connections that end then are closed
 	// with 1012 "reconnect" (drain.go).
 	draining atomic.Bool
@@ -323,7 +329,7 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("DELETE /v1/tokens/{id}", s.authed(s.revokeToken))
 	mux.Handle("GET /v1/audit", s.authed(s.listAudit))
 	if cfg.ClusterStatus != nil {
-		s.cluster = cfg.ClusterStatus
+		s.cluster, s.tenantCluster = cfg.ClusterStatus, cfg.TenantClusterStatus
 		mux.Handle("GET /v1/cluster", s.authed(s.serveCluster))
 	}
 	mux.Handle("POST /v1/sessions", s.authed(s.createSession))
@@ -362,6 +368,9 @@ func New(cfg Config) (*Server, error) {
 		h = r.Refresh(h) // outside instrument, which reads the pattern the mux sets on its request.
 	}
 	s.handler = s.secure(h)
+	if d, ok := cfg.Auth.(auth.Describer); ok && d.Describe().Mode == auth.ModeDev {
+		s.handler = loopbackHostOnly(s.handler) // DNS rebinding (http.go)
+	}
 
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.hub = newHub(s)

@@ -60,6 +60,24 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, session.Princ
 	})
 }
 
+// loopbackHostOnly refuses requests whose Host header is not a loopback
+// name. It guards a server whose identity is the dev identity: that trusts
+// whoever connects from this machine, and a web page of any site whose name
+// its attacker rebinds to 127.0.0.1 (DNS rebinding) would otherwise reach it
+// from the victim's browser with the attacker's name as its Host.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !auth.LoopbackHost(r.Host) {
+			writeError(w, session.Errorf(session.CodeForbidden,
+				"this dev server answers only requests addressed to localhost, 127.0.0.1 or [::1], not %q: "+
+					"open the URL `atrium dev` printed (a dev server trusts everyone on this machine; "+
+					"use `atrium serve` with OIDC or API tokens to serve a network)", r.Host))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // refuseAuth answers a request whose authentication failed: 401 with a
 // WWW-Authenticate challenge that says why, 429 with Retry-After for a
 // throttled address, or the error's own code. Failed authentications are

@@ -214,8 +214,8 @@ func TestIdentity_Whoami(t *testing.T) {
 		}{
 			"no credentials": {"", `Bearer realm="atrium"`},
 			"unknown token": {"Bearer atr_" + strings.Repeat("a", 16) + "_" + strings.Repeat("b", 52),
-				`Bearer realm="atrium", error="invalid_token", error_description="unknown or revoked API token"`},
-			"malformed token": {"Bearer atr_nope", `error="invalid_token", error_description="malformed API token`},
+				`Bearer realm="atrium", error="invalid_token", error_description="invalid token: unknown or revoked API token"`},
+			"malformed token": {"Bearer atr_nope", `error="invalid_token", error_description="invalid token: a malformed API token`},
 		} {
 			t.Run(name, func(t *testing.T) {
 				req, _ := http.NewRequest("GET", e.srv.URL+"/v1/whoami", nil)

@@ -52,6 +52,10 @@ type Principal struct {
 	// Admin marks a tenant admin: owner of every session of its tenant,
 	// and a reader of the tenant's audit log.
 	Admin bool `json:"admin,omitempty"`
+	// Operator marks someone who runs the installation: they may read the
+	// state of the whole cluster (GET /v1/cluster), every tenant's included.
+	// Gateways only; never sent to nodes.
+	Operator bool `json:"operator,omitempty"`
 	// Cap is the most this credential may do on any session, whatever the
 	// user's role there: API tokens carry one. RoleNone means no cap.
 	Cap Role `json:"cap,omitempty"`

@@ -100,15 +100,29 @@ var (
 )
 
 func (c chain) Authenticate(r *http.Request) (session.Principal, error) {
+	var first error // the first member's own account of the missing credentials
 	for _, a := range c {
 		p, err := a.Authenticate(r)
 		if errors.Is(err, ErrNoCredentials) {
+			if first == nil && err != ErrNoCredentials {
+				first = err
+			}
 			continue
 		}
 		return p, err
 	}
+	if first != nil {
+		return session.Principal{}, first
+	}
+	if _, ok := bearer(r); ok {
+		return session.Principal{}, errBearerUnknown
+	}
 	return session.Principal{}, ErrNoCredentials
 }
+
+// errBearerUnknown answers a bearer that no member of a Chain recognises.
+var errBearerUnknown = noCredentials("invalid token: this server accepts Atrium API tokens (atr_…); " +
+	"create one with `atrium token create` (on a new server: `atrium token create --bootstrap` on its machine)")
 
 // Routes implements Router.
 func (c chain) Routes(mux *http.ServeMux) {

@@ -1,6 +1,7 @@
 package auth_test
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 func request(remote, authz string, cookie *http.Cookie) *http.Request {
 	r := httptest.NewRequest("GET", "/v1/sessions", nil)
+	r.Host = "127.0.0.1:7080"
 	r.RemoteAddr = remote
 	if authz != "" {
 		r.Header.Set("Authorization", authz)
@@ -28,27 +30,40 @@ func TestDev_Authenticate(t *testing.T) {
 	login := loginCookie(t, d, "ann o'neil")
 	for name, c := range map[string]struct {
 		remote, authz string
+		host          string // the Host header, if not 127.0.0.1:7080
 		cookie        *http.Cookie
 		user          string // empty: want an error
 		noCreds       bool   // the error is ErrNoCredentials
 		msg           string // in the error message
 	}{
-		"bearer ipv4":       {remote: "127.0.0.1:5000", authz: "Bearer dev:alice", user: "alice"},
-		"bearer ipv6":       {remote: "[::1]:5000", authz: "bearer dev:bob", user: "bob"},
-		"bearer other lo":   {remote: "127.3.4.5:5000", authz: "Bearer dev:carol", user: "carol"},
-		"cookie":            {remote: "127.0.0.1:5000", cookie: login, user: "ann o'neil"},
-		"not loopback":      {remote: "192.0.2.1:5000", authz: "Bearer dev:alice", msg: "loopback-only"},
-		"cookie not lo":     {remote: "10.1.2.3:5000", cookie: login, msg: "loopback-only"},
-		"bad user":          {remote: "127.0.0.1:5000", authz: "Bearer dev: alice", msg: "invalid dev user"},
-		"empty user":        {remote: "127.0.0.1:5000", authz: "Bearer dev:", msg: "invalid dev user"},
-		"not a dev token":   {remote: "127.0.0.1:5000", authz: "Bearer eyJhbGciOi", noCreds: true, msg: "dev:<user>"},
-		"basic auth":        {remote: "127.0.0.1:5000", authz: "Basic YTpi", noCreds: true},
-		"nothing":           {remote: "127.0.0.1:5000", noCreds: true, msg: "/auth/dev"},
-		"garbage cookie":    {remote: "127.0.0.1:5000", cookie: &http.Cookie{Name: auth.DevCookie, Value: "!!"}, msg: "log in again"},
-		"bearer wins (bad)": {remote: "127.0.0.1:5000", authz: "Bearer dev:", cookie: login, msg: "invalid dev user"},
+		"bearer ipv4":        {remote: "127.0.0.1:5000", authz: "Bearer dev:alice", user: "alice"},
+		"bearer ipv6":        {remote: "[::1]:5000", authz: "bearer dev:bob", user: "bob"},
+		"bearer other lo":    {remote: "127.3.4.5:5000", authz: "Bearer dev:carol", user: "carol"},
+		"cookie":             {remote: "127.0.0.1:5000", cookie: login, user: "ann o'neil"},
+		"not loopback":       {remote: "192.0.2.1:5000", authz: "Bearer dev:alice", msg: "loopback-only"},
+		"cookie not lo":      {remote: "10.1.2.3:5000", cookie: login, msg: "loopback-only"},
+		"bad user":           {remote: "127.0.0.1:5000", authz: "Bearer dev: alice", msg: "invalid dev user"},
+		"empty user":         {remote: "127.0.0.1:5000", authz: "Bearer dev:", msg: "invalid dev user"},
+		"not a dev token":    {remote: "127.0.0.1:5000", authz: "Bearer eyJhbGciOi", noCreds: true, msg: "dev:<user>"},
+		"basic auth":         {remote: "127.0.0.1:5000", authz: "Basic YTpi", noCreds: true},
+		"nothing":            {remote: "127.0.0.1:5000", noCreds: true, msg: "/auth/dev"},
+		"garbage cookie":     {remote: "127.0.0.1:5000", cookie: &http.Cookie{Name: auth.DevCookie, Value: "!!"}, msg: "log in again"},
+		"bearer wins (bad)":  {remote: "127.0.0.1:5000", authz: "Bearer dev:", cookie: login, msg: "invalid dev user"},
+		"host localhost":     {remote: "127.0.0.1:5000", host: "localhost:7080", authz: "Bearer dev:alice", user: "alice"},
+		"host sub.localhost": {remote: "127.0.0.1:5000", host: "app.localhost", authz: "Bearer dev:alice", user: "alice"},
+		"host ipv6":          {remote: "[::1]:5000", host: "[::1]:7080", authz: "Bearer dev:alice", user: "alice"},
+		// DNS rebinding: a page of evil.example whose name now resolves
+		// to 127.0.0.1 sends its own name as the Host.
+		"rebinding bearer":    {remote: "127.0.0.1:5000", host: "evil.example:7080", authz: "Bearer dev:alice", msg: "loopback name"},
+		"rebinding cookie":    {remote: "127.0.0.1:5000", host: "evil.example", cookie: login, msg: "loopback name"},
+		"rebinding lookalike": {remote: "127.0.0.1:5000", host: "localhost.evil.example", cookie: login, msg: "loopback name"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			p, err := d.Authenticate(request(c.remote, c.authz, c.cookie))
+			r := request(c.remote, c.authz, c.cookie)
+			if c.host != "" {
+				r.Host = c.host
+			}
+			p, err := d.Authenticate(r)
 			if c.user != "" {
 				via := session.ViaDev
 				if c.authz == "" {
@@ -81,6 +96,7 @@ func loginCookie(t *testing.T, d *auth.Dev, user string) *http.Cookie {
 	mux := http.NewServeMux()
 	d.Routes(mux)
 	r := httptest.NewRequest("GET", "/auth/dev?user="+strings.ReplaceAll(user, " ", "+"), nil)
+	r.Host = "localhost:7080"
 	r.RemoteAddr = "127.0.0.1:4000"
 	rec := httptest.NewRecorder()
 	mux.ServeHTTP(rec, r)
@@ -102,14 +118,17 @@ func TestDev_Routes(t *testing.T) {
 		remote, path string
 		code         int
 		want         string
+		host         string
 	}{
-		"not loopback": {"198.51.100.1:1", "/auth/dev?user=alice", 403, `"forbidden"`},
-		"no user":      {"127.0.0.1:1", "/auth/dev", 400, `"bad_request"`},
-		"bad user":     {"127.0.0.1:1", "/auth/dev?user=%09tab", 400, `"bad_request"`},
-		"logout":       {"127.0.0.1:1", "/auth/logout", 303, ""},
+		"not loopback": {"198.51.100.1:1", "/auth/dev?user=alice", 403, `"forbidden"`, ""},
+		"no user":      {"127.0.0.1:1", "/auth/dev", 400, `"bad_request"`, ""},
+		"bad user":     {"127.0.0.1:1", "/auth/dev?user=%09tab", 400, `"bad_request"`, ""},
+		"logout":       {"127.0.0.1:1", "/auth/logout", 303, "", ""},
+		"rebinding":    {"127.0.0.1:1", "/auth/dev?user=alice", 403, `loopback name`, "evil.example:7080"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := httptest.NewRequest("GET", c.path, nil)
+			r.Host = cmp.Or(c.host, "127.0.0.1:7080")
 			r.RemoteAddr = c.remote
 			rec := httptest.NewRecorder()
 			mux.ServeHTTP(rec, r)
@@ -152,6 +171,12 @@ func TestChain(t *testing.T) {
 			p, err := c.chain.Authenticate(request("127.0.0.1:1", c.authz, nil))
 			if p.User != c.user || !errors.Is(err, c.err) || (c.err == nil) != (err == nil) {
 				t.Fatalf("got %+v, %v", p, err)
+			}
+			// A bearer nobody recognises is an invalid token, not "no
+			// credentials": the caller sent some.
+			if err != nil && c.authz != "" && errors.Is(err, auth.ErrNoCredentials) &&
+				!strings.HasPrefix(session.AsError(err).Message, "invalid token") {
+				t.Fatalf("a bearer nobody recognises: %q, want it called an invalid token", session.AsError(err).Message)
 			}
 		})
 	}

@@ -85,10 +85,12 @@ func (s *sealer) open(name, value string, v any) error {
 // login is the content of the login cookie. Field names are short: the
 // cookie travels with every request.
 type login struct {
-	User    string `json:"u"`
-	Tenant  string `json:"t,omitempty"`
-	Admin   bool   `json:"a,omitempty"`
-	Subject string `json:"s"` // the issuer's sub, which a refreshed ID token must repeat
+	User   string `json:"u"`
+	Tenant string `json:"t,omitempty"`
+	Admin  bool   `json:"a,omitempty"`
+	// Operator: a member of the operator group at login.
+	Operator bool   `json:"o,omitempty"`
+	Subject  string `json:"s"` // the issuer's sub, which a refreshed ID token must repeat
 	// Expires ends the login (login time + CookieTTL); refreshing does not
 	// extend it.
 	Expires int64 `json:"e"`

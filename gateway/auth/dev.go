@@ -61,6 +61,9 @@ func (d *Dev) principal(r *http.Request, user, via string) (session.Principal, e
 	if !loopback(r) {
 		return session.Principal{}, errLoopbackOnly
 	}
+	if !LoopbackHost(r.Host) {
+		return session.Principal{}, errLoopbackHost(r.Host)
+	}
 	if err := session.ValidUser(user); err != nil {
 		return session.Principal{}, session.Errorf(session.CodeUnauthenticated,
 			"invalid dev user: %s", session.AsError(err).Message)
@@ -87,6 +90,10 @@ func (d *Dev) Routes(mux *http.ServeMux) {
 func (d *Dev) login(w http.ResponseWriter, r *http.Request) {
 	if !loopback(r) {
 		writeError(w, &session.Error{Code: session.CodeForbidden, Message: errLoopbackOnly.Message})
+		return
+	}
+	if !LoopbackHost(r.Host) {
+		writeError(w, &session.Error{Code: session.CodeForbidden, Message: errLoopbackHost(r.Host).Message})
 		return
 	}
 	user := r.URL.Query().Get("user")
@@ -117,6 +124,30 @@ func (d *Dev) logout(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteLaxMode,
 	})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// errLoopbackHost refuses a dev request whose Host header is not a loopback
+// name: a page of another site whose name was rebound to 127.0.0.1 (DNS
+// rebinding) sends its own name.
+func errLoopbackHost(host string) *session.Error {
+	return session.Errorf(session.CodeUnauthenticated,
+		"dev auth answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]), not %q: "+
+			"open the URL `atrium dev` printed", headerText(host, 100))
+}
+
+// LoopbackHost reports whether host (a Host header: a name or address, with
+// an optional port) names this machine's loopback interface: "localhost", a
+// name under ".localhost" (RFC 6761), or a loopback address.
+func LoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // loopback reports whether the request came from a loopback address.

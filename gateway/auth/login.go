@@ -150,13 +150,14 @@ func (o *OIDC) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l := login{
-		User:    who.User,
-		Tenant:  who.Tenant,
-		Admin:   who.Admin,
-		Subject: idt.Subject,
-		Expires: o.now().Add(o.cfg.CookieTTL).Unix(),
-		Fresh:   idt.Expiry.Unix(),
-		Refresh: tok.RefreshToken,
+		User:     who.User,
+		Tenant:   who.Tenant,
+		Admin:    who.Admin,
+		Operator: who.Operator,
+		Subject:  idt.Subject,
+		Expires:  o.now().Add(o.cfg.CookieTTL).Unix(),
+		Fresh:    idt.Expiry.Unix(),
+		Refresh:  tok.RefreshToken,
 	}
 	value, err := o.sealLogin(&l)
 	if err != nil {
@@ -379,7 +380,7 @@ func (o *OIDC) refresh(ctx context.Context, l login) (string, login, error) {
 		if err != nil {
 			return "", login{}, err
 		}
-		nl.User, nl.Tenant, nl.Admin, nl.Fresh = who.User, who.Tenant, who.Admin, idt.Expiry.Unix()
+		nl.User, nl.Tenant, nl.Admin, nl.Operator, nl.Fresh = who.User, who.Tenant, who.Admin, who.Operator, idt.Expiry.Unix()
 	} else {
 		// No new ID token (the provider need not send one): the refresh
 		// still shows the login is alive at the provider.

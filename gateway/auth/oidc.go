@@ -75,6 +75,10 @@ type OIDCConfig struct {
 	// "groups". Members of AdminGroup are admins of their tenant.
 	GroupsClaim string
 	AdminGroup  string
+	// OperatorGroup's members are operators (session.Principal.Operator):
+	// they read the whole cluster's state, every tenant's included. Empty:
+	// nobody logged in through the provider is an operator.
+	OperatorGroup string
 	// CookieKey seals the login cookie (AES-GCM): at least MinCookieKey
 	// random bytes. Changing it logs everybody out.
 	CookieKey []byte
@@ -394,7 +398,7 @@ func (o *OIDC) cookiePrincipal(value string) (session.Principal, error) {
 		return session.Principal{}, expired(session.Errorf(session.CodeUnauthenticated,
 			"session expired: log in again at /auth/login"))
 	}
-	return session.Principal{User: l.User, Tenant: l.Tenant, Admin: l.Admin, Via: session.ViaCookie, Expires: expires}, nil
+	return session.Principal{User: l.User, Tenant: l.Tenant, Admin: l.Admin, Operator: l.Operator, Via: session.ViaCookie, Expires: expires}, nil
 }
 
 // isJWT reports whether tok looks like a signed JWT: three dot-separated
@@ -530,6 +534,9 @@ func (o *OIDC) principal(claims map[string]any) (session.Principal, error) {
 	}
 	if g := o.cfg.AdminGroup; g != "" {
 		p.Admin = slices.Contains(claimStrings(claims[o.cfg.GroupsClaim]), g)
+	}
+	if g := o.cfg.OperatorGroup; g != "" {
+		p.Operator = slices.Contains(claimStrings(claims[o.cfg.GroupsClaim]), g)
 	}
 	return p, nil
 }

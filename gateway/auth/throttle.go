@@ -1,10 +1,15 @@
 package auth
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,10 +23,20 @@ const (
 	DefaultThrottleAddrs    = 100000
 )
 
-// Throttle slows down guessing: an address that fails to authenticate
-// Failures times within Window is refused for Window after the last of those
-// failures, before any credential it sends is looked at. An address is an
-// IPv4 address or an IPv6 /64 (one host's usual allocation).
+// Throttle pushes back on a client that keeps failing to authenticate as one
+// identity: a (client address, claimed identity) pair that fails Failures
+// times within Window gets 429 with Retry-After for Window after the last of
+// those failures, instead of 401. The address is an IPv4 address or an IPv6
+// /64 (one host's usual allocation); put a TrustedProxies.Handler in front so
+// that it is the real client's and not the proxy's. The claimed identity is
+// what the credential says it is before it is checked (an API token's id, a
+// JWT's subject, a dev user), so one client's bad requests never touch other
+// users behind the same proxy or NAT.
+//
+// A valid credential is never locked out: a throttled pair's credential is
+// still checked, and one that is valid passes (and clears the pair's
+// failures). Every credential Atrium accepts is a 256-bit secret or a
+// signature, so the answer to a guess tells nothing useful.
 //
 // The zero value is ready to use; set the fields before first use.
 type Throttle struct {
@@ -79,6 +94,13 @@ func (t *Throttle) wait(addr string) time.Duration {
 		return 0
 	}
 	return s.until.Sub(now)
+}
+
+// forgive forgets the failures of key, which just authenticated.
+func (t *Throttle) forgive(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.addrs, key)
 }
 
 // fail counts a failure of addr.
@@ -152,17 +174,17 @@ func newThrottledError(wait time.Duration) *ThrottledError {
 	wait = (wait + time.Second - 1).Truncate(time.Second)
 	return &ThrottledError{
 		err: session.Errorf(session.CodeTooManyRequests,
-			"too many failed logins from this address: retry in %ds", int(wait/time.Second)),
+			"too many failed logins from this address as this identity: retry in %ds", int(wait/time.Second)),
 		retry: wait,
 	}
 }
 
-// Throttled returns an Authenticator that refuses requests from addresses t
-// throttles, before a asks for anything, and counts a's unauthenticated
-// answers as failures. Answers that are not failures do not count: no
-// credentials at all, a credential that is authentic but expired, or any
-// other error. A success does not reset the count. With t nil, Throttled
-// returns a.
+// Throttled returns an Authenticator that counts a's unauthenticated answers
+// as failures of the request's (client address, claimed identity), and
+// answers the failures of a throttled pair with a ThrottledError. Answers
+// that are not failures do not count: no credentials at all, a credential
+// that is authentic but expired, or any other error. A success of a
+// throttled pair clears it. With t nil, Throttled returns a.
 //
 // The result is a Router, Describer and Refresher through a.
 func Throttled(a Authenticator, t *Throttle) Authenticator {
@@ -184,14 +206,18 @@ var (
 )
 
 func (x *throttled) Authenticate(r *http.Request) (session.Principal, error) {
-	addr := clientAddr(r)
-	if wait := x.t.wait(addr); wait > 0 {
-		return session.Principal{}, newThrottledError(wait)
-	}
+	key := clientAddr(r) + "\x00" + claimedIdentity(r)
+	wait := x.t.wait(key)
 	p, err := x.a.Authenticate(r)
 	var exp *expiredError
-	if err != nil && errors.Is(err, session.ErrUnauthenticated) && !errors.Is(err, ErrNoCredentials) && !errors.As(err, &exp) {
-		x.t.fail(addr)
+	failed := err != nil && errors.Is(err, session.ErrUnauthenticated) && !errors.Is(err, ErrNoCredentials) && !errors.As(err, &exp)
+	switch {
+	case err == nil && wait > 0:
+		x.t.forgive(key)
+	case failed && wait > 0:
+		return session.Principal{}, newThrottledError(wait)
+	case failed:
+		x.t.fail(key)
 	}
 	return p, err
 }
@@ -228,4 +254,68 @@ func clientAddr(r *http.Request) string {
 		return ip.String()
 	}
 	return fmt.Sprintf("%s/64", ip.Mask(net.CIDRMask(64, 128)))
+}
+
+// claimedIdentity is who r's credential says it is, before anything is
+// checked: an API token's id, the subject of a JWT, a dev user, or the kind
+// of credential when it names nobody. It is bounded, so that a request
+// cannot make the throttle keep large keys.
+func claimedIdentity(r *http.Request) string {
+	const max = 128
+	bound := func(s string) string {
+		if len(s) > max {
+			return s[:max]
+		}
+		return s
+	}
+	tok, ok := bearer(r)
+	if !ok {
+		if c, err := r.Cookie(LoginCookie); err == nil {
+			return bound("cookie:" + cookieSubject(c.Value))
+		}
+		if c, err := r.Cookie(DevCookie); err == nil {
+			return bound("devcookie:" + c.Value)
+		}
+		return ""
+	}
+	tok = strings.TrimSpace(tok)
+	switch {
+	case strings.HasPrefix(tok, TokenPrefix):
+		id, _, _ := strings.Cut(strings.TrimPrefix(tok, TokenPrefix), "_")
+		return bound("token:" + id)
+	case strings.HasPrefix(tok, DevTokenPrefix):
+		return bound(tok)
+	case strings.HasPrefix(tok, BootstrapPrefix):
+		return "bootstrap"
+	case isJWT(tok):
+		return bound("jwt:" + jwtSubject(tok))
+	}
+	return "bearer"
+}
+
+// jwtSubject is the unverified iss and sub of a JWT, or "" if it has none.
+func jwtSubject(tok string) string {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		Iss string `json:"iss"`
+		Sub string `json:"sub"`
+	}
+	if json.Unmarshal(b, &c) != nil {
+		return ""
+	}
+	return c.Iss + " " + c.Sub
+}
+
+// cookieSubject names a login cookie by a digest of its value: it is
+// sealed, so its subject cannot be read without opening it.
+func cookieSubject(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:8])
 }

@@ -115,8 +115,10 @@ type TokenRequest struct {
 // was a tenant admin when it was created, and the SHA-256 of its secret.
 type tokenRecord struct {
 	TokenInfo
-	Admin bool   `json:"admin,omitempty"`
-	Hash  string `json:"hash"`
+	Admin bool `json:"admin,omitempty"`
+	// Operator: its user was an operator when it was created.
+	Operator bool   `json:"operator,omitempty"`
+	Hash     string `json:"hash"`
 }
 
 // Tokens is the store of Atrium API tokens, on a NATS KV bucket, and the
@@ -209,9 +211,9 @@ func (t *Tokens) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 
 // Errors of Tokens.
 var (
-	errTokenUnknown   = session.Errorf(session.CodeUnauthenticated, "unknown or revoked API token")
+	errTokenUnknown   = session.Errorf(session.CodeUnauthenticated, "invalid token: unknown or revoked API token")
 	errTokenMalformed = session.Errorf(session.CodeUnauthenticated,
-		"malformed API token: it looks like atr_<id>_<secret>; copy it again or create a new one with `atrium token create`")
+		"invalid token: a malformed API token; it looks like atr_<id>_<secret>; copy it again or create a new one with `atrium token create`")
 	errTokenNotFound   = session.Errorf(session.CodeNotFound, "token not found")
 	errTokensByToken   = session.Errorf(session.CodeForbidden, "API tokens cannot create tokens: log in")
 	errRevokeByToken   = session.Errorf(session.CodeForbidden, "API tokens cannot revoke tokens: log in")
@@ -284,8 +286,9 @@ func (t *Tokens) Create(ctx context.Context, by session.Principal, req TokenRequ
 			TokenInfo: TokenInfo{
 				ID: id, Name: req.Name, User: by.User, Tenant: by.Tenant, Role: role, CreatedAt: now,
 			},
-			Admin: by.Admin,
-			Hash:  tokenHash(secret),
+			Admin:    by.Admin,
+			Operator: by.Operator,
+			Hash:     tokenHash(secret),
 		}
 		if !req.ExpiresAt.IsZero() {
 			rec.ExpiresAt = req.ExpiresAt.UTC()
@@ -444,7 +447,7 @@ func (t *Tokens) Verify(ctx context.Context, tok string) (session.Principal, err
 		return session.Principal{}, err
 	}
 	return session.Principal{
-		User: rec.User, Tenant: rec.Tenant, Admin: rec.Admin, Cap: rec.Role,
+		User: rec.User, Tenant: rec.Tenant, Admin: rec.Admin, Operator: rec.Operator, Cap: rec.Role,
 		Via: session.ViaToken, Expires: rec.ExpiresAt,
 	}, nil
 }
