@@ -93,6 +93,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusRequestEntityTooLarge
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
+	case CodeInsufficientStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}

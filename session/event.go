@@ -75,6 +75,8 @@ type Event struct {
 type (
 	SessionCreatedData struct {
 		Title string `json:"title"`
+		// ForkedFrom is set on a fork's first event (files.go).
+		ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
 	}
 	MessageData struct {
 		Text     string `json:"text"`

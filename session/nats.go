@@ -150,6 +150,9 @@ type Command struct {
 	PromptSeq Seq `json:"prompt_seq,omitempty"`
 	// PR is the pull request of OpPROpened.
 	PR *PROpenedData `json:"pr,omitempty"`
+	// Files and Fork are the requests of OpFiles and OpFork (files.go).
+	Files *FilesRequest `json:"files,omitempty"`
+	Fork  *ForkRequest  `json:"fork,omitempty"`
 }
 
 // DefaultHistoryMaxBytes keeps a history reply well under NATS's default
@@ -168,6 +171,9 @@ type Reply struct {
 	More    bool              `json:"more,omitempty"`
 	// Secrets answers OpSecrets: names and times, never values.
 	Secrets []SecretInfo `json:"secrets,omitempty"`
+	// Files and Fork answer OpFiles and OpFork (files.go).
+	Files *FilesReply `json:"files,omitempty"`
+	Fork  *ForkReply  `json:"fork,omitempty"`
 }
 
 // Err returns the reply's error or nil.
@@ -200,6 +206,9 @@ type PlaceRequest struct {
 	// Egress is the new session's own egress allowlist; the node checks
 	// it against its sandbox.egress_permit.
 	Egress []string `json:"egress,omitempty"`
+	// Fork, on PlaceCreate, makes the new session a fork: its history is
+	// the parent's up to Fork.Seq (files.go).
+	Fork *ForkedFrom `json:"fork,omitempty"`
 }
 
 // PresenceMessage is what a gateway publishes on the Presence subject: the

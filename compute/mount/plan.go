@@ -190,6 +190,10 @@ func validLocation(e Entry) error {
 		if e.Blob != "" {
 			return invalidf("empty file %q names an object", e.Path)
 		}
+	case strings.HasPrefix(e.Blob, "sessions/"):
+		if err := validSharedKey(e.Blob); err != nil || e.Offset < 0 {
+			return invalidf("file %q is in an invalid shared location %q+%d", e.Path, e.Blob, e.Offset)
+		}
 	case strings.HasPrefix(e.Blob, "objects/"):
 		if id := strings.TrimPrefix(e.Blob, "objects/"); !isHex(id) || e.Offset != 0 {
 			return invalidf("file %q is in an invalid object location %q+%d", e.Path, e.Blob, e.Offset)

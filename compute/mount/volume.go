@@ -500,7 +500,7 @@ func (v *Volume) restorePlan(m *Manifest, scanned []Entry) *RestorePlan {
 		}
 		d := downloads[e.Blob]
 		if d == nil {
-			d = &Download{Key: v.Prefix + e.Blob}
+			d = &Download{Key: BlobKey(v.Prefix, e.Blob)}
 			downloads[e.Blob] = d
 		}
 		d.Extracts = append(d.Extracts, Extract{Offset: e.Offset, Size: e.Size, Hash: e.Hash})
@@ -530,13 +530,17 @@ func (v *Volume) Collect(ctx context.Context, grace time.Duration) (int, error) 
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if keeps, err := keepsHistory(ctx, v.Blob, v.Prefix); err != nil || keeps {
+		// Kept manifests (turn changes, forks) reference older content.
+		return 0, err
+	}
 	live := make(map[string]bool)
 	m, _, err := v.read(ctx)
 	switch {
 	case err == nil:
 		for _, e := range m.Entries {
 			if e.Blob != "" {
-				live[v.Prefix+e.Blob] = true
+				live[BlobKey(v.Prefix, e.Blob)] = true
 			}
 		}
 	case !errors.Is(err, blob.ErrNotFound):
@@ -575,10 +579,17 @@ func (v *Volume) Delete(ctx context.Context) error {
 		return fmt.Errorf("delete saved workspace %s: %w", v.Prefix, err)
 	}
 	v.known, v.etag, v.base = true, "", nil
+	shared, err := hasForks(ctx, v.Blob, v.Prefix)
+	if err != nil {
+		return fmt.Errorf("delete saved workspace %s: %w", v.Prefix, err)
+	}
 	var keys []string
 	for info, err := range v.Blob.List(ctx, v.Prefix) {
 		if err != nil {
 			return fmt.Errorf("delete saved workspace %s: %w", v.Prefix, err)
+		}
+		if shared && isContentKey(v.Prefix, info.Key) {
+			continue // Forks reference it (see ForkTo).
 		}
 		keys = append(keys, info.Key)
 	}
