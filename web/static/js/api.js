@@ -80,9 +80,14 @@ export function setMember(id, user, role) {
   return request('PUT', `${base(id)}/members/${enc(user)}`, { role });
 }
 
-/** approve answers an approval request over REST (the page normally uses its WebSocket). */
-export function approve(id, approvalID, allow) {
-  return request('POST', `${base(id)}/approvals/${enc(approvalID)}`, { allow });
+/**
+ * approve answers an approval request over REST (the page normally uses
+ * its WebSocket); optionID is the agent's option, when it offered some.
+ */
+export function approve(id, approvalID, allow, optionID) {
+  const body = { allow };
+  if (optionID) body.option_id = optionID;
+  return request('POST', `${base(id)}/approvals/${enc(approvalID)}`, body);
 }
 
 /** cancel stops the running turn over REST. */

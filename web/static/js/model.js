@@ -55,6 +55,7 @@ export class Store {
 }
 
 const approvalKey = (turn, id) => `${turn}/${id}`;
+const num = (x) => (Number.isFinite(Number(x)) && Number(x) > 0 ? Number(x) : 0);
 
 /** Model is the page's view of one session: its events and the state they imply. */
 export class Model {
@@ -69,6 +70,12 @@ export class Model {
     this.resolved = new Map(); // "turn/id" → {allow, by, seq}
     this.approvalSeq = new Map(); // "turn/id" → seq of approval_requested
     this.approvalsOfTurn = new Map(); // turn → [seq of approval_requested]
+    this.toolCalls = new Map(); // tool call id → {seq: of tool_call or null, updates: [seq of tool_call_update], turn}
+    this.plans = new Map(); // turn → [seq of plan], ascending
+    this.usageSeen = new Set(); // seqs of usage events counted
+    this.usageTurn = new Map(); // turn → {input, output, cached, cost, model}
+    this.usageTotal = { input: 0, output: 0, cached: 0, cost: 0, events: 0 };
+    this.messageIDs = new Map(); // agent message_id → seq of its agent_message
     this.reset(this.store.lo);
   }
 
@@ -81,6 +88,7 @@ export class Model {
     this.memberLog = []; // member_changed data folded, in order
     this.boundary = ''; // "started" or "finished": the last turn boundary folded
     this.latestPromptSeq = null;
+    this.queuedDuring = new Map(); // prompt seq → turn that was running when it came
   }
 
   /** add appends a live event to the store and folds it. */
@@ -133,9 +141,81 @@ export class Model {
         break;
       }
       case 'approval_resolved':
-        this.resolved.set(approvalKey(d.turn, d.id), { allow: d.allow, by: ev.by, seq: ev.seq });
+        this.resolved.set(approvalKey(d.turn, d.id), { allow: d.allow, option_id: d.option_id, by: ev.by, seq: ev.seq });
+        break;
+      case 'tool_call':
+      case 'tool_call_update': {
+        if (typeof d.id !== 'string') break;
+        const tc = this.toolCalls.get(d.id) || { seq: null, updates: [], turn: d.turn };
+        if (ev.kind === 'tool_call') {
+          if (tc.seq === null || ev.seq < tc.seq) tc.seq = ev.seq;
+        } else if (!tc.updates.includes(ev.seq)) {
+          tc.updates.push(ev.seq);
+          tc.updates.sort((a, b) => a - b);
+        }
+        this.toolCalls.set(d.id, tc);
+        break;
+      }
+      case 'plan': {
+        const list = this.plans.get(d.turn) || [];
+        if (!list.includes(ev.seq)) {
+          list.push(ev.seq);
+          list.sort((a, b) => a - b);
+        }
+        this.plans.set(d.turn, list);
+        break;
+      }
+      case 'usage': {
+        if (this.usageSeen.has(ev.seq)) break;
+        this.usageSeen.add(ev.seq);
+        const u = this.usageTurn.get(d.turn) || { input: 0, output: 0, cached: 0, cost: 0, model: '' };
+        const add = (o) => {
+          o.input += num(d.input_tokens);
+          o.output += num(d.output_tokens);
+          o.cached += num(d.cached_tokens);
+          o.cost += Number(d.cost_usd) > 0 ? Number(d.cost_usd) : 0;
+        };
+        add(u);
+        if (d.model) u.model = String(d.model);
+        this.usageTurn.set(d.turn, u);
+        add(this.usageTotal);
+        this.usageTotal.events++;
+        break;
+      }
+      case 'agent_message':
+        if (typeof d.message_id === 'string' && d.message_id) this.messageIDs.set(d.message_id, ev.seq);
         break;
     }
+  }
+
+  /**
+   * toolCall returns the current state of tool call id folded from the
+   * events the store holds ({seq, turn, title, kind, status, content,
+   * locations}), or null when its tool_call event is not held.
+   */
+  toolCall(id) {
+    const tc = this.toolCalls.get(id);
+    if (!tc || tc.seq === null) return null;
+    const first = this.store.get(tc.seq);
+    if (!first) return null;
+    const d = first.data || {};
+    const st = { seq: tc.seq, turn: d.turn, id, title: d.title || '', kind: d.kind || '', status: d.status || '', content: d.content || [], locations: d.locations || [], updated: tc.seq };
+    for (const seq of tc.updates) {
+      const u = this.store.get(seq);
+      if (!u || seq < tc.seq) continue;
+      const ud = u.data || {};
+      if (ud.status) st.status = ud.status;
+      if (ud.title) st.title = ud.title;
+      if (Array.isArray(ud.content) && ud.content.length) st.content = ud.content;
+      st.updated = seq;
+    }
+    return st;
+  }
+
+  /** latestPlan returns the seq of the turn's latest plan event. */
+  latestPlan(turn) {
+    const list = this.plans.get(turn);
+    return list && list.length ? list[list.length - 1] : undefined;
   }
 
   fold(ev, live) {
@@ -143,6 +223,7 @@ export class Model {
     switch (ev.kind) {
       case 'message':
         this.pending.set(ev.seq, ev);
+        if (this.running) this.queuedDuring.set(ev.seq, this.running.turn);
         break;
       case 'turn_started':
         this.running = { turn: d.turn, seq: ev.seq, promptSeq: d.prompt_seq, by: ev.by, time: ev.time, approvals: new Map(), partial: false };
@@ -164,6 +245,12 @@ export class Model {
         break;
       case 'output':
       case 'agent':
+      case 'agent_message':
+      case 'agent_thought':
+      case 'tool_call':
+      case 'tool_call_update':
+      case 'plan':
+      case 'usage':
         this.ensureRunning(d.turn, ev);
         break;
       case 'sandbox':

@@ -5,8 +5,9 @@
 
 import { h, avatar, timeEl, duration } from './dom.js';
 import * as ansi from './ansi.js';
+import { agentRenderers, renderContent, visible } from './agent.js';
 
-/** COLLAPSE_LINES is how many lines of an output event show before "Show more". */
+/** COLLAPSE_LINES is how many last lines of an output event show before "Show earlier lines". */
 export const COLLAPSE_LINES = 24;
 
 const roleWords = { viewer: 'a viewer', driver: 'a driver', owner: 'an owner' };
@@ -17,11 +18,20 @@ const roleWords = { viewer: 'a viewer', driver: 'a driver', owner: 'an owner' };
  */
 export function renderRow(ev, ctx) {
   const fn = renderers[ev.kind] || renderUnknown;
-  const el = fn(ev, ev.data || {}, ctx);
+  const d = ev.data || {};
+  const el = fn(ev, d, ctx);
   el.classList.add('ev', `k-${ev.kind}`);
   el.dataset.seq = ev.seq;
+  // Rows of a turn are indented under its prompt (see turn_started).
+  if (typeof d.turn === 'number' && ev.kind !== 'turn_started' && ev.kind !== 'turn_finished') {
+    el.classList.add('in-turn');
+    el.dataset.turn = d.turn;
+  }
   return el;
 }
+
+/** KINDS lists the event kinds this module renders (checked against the session package's kinds by a Go test). */
+export const KINDS = () => Object.keys(renderers);
 
 const renderers = {
   session_created(ev, d) {
@@ -38,12 +48,30 @@ const renderers = {
     } else if (ctx.model.pending.has(ev.seq)) {
       badge = h('span', { class: 'badge st-queued', text: 'queued' });
     }
+    const during = ctx.model.queuedDuring.get(ev.seq);
+    if (during !== undefined && (turn === undefined || turn !== during)) {
+      // Sent while another turn ran: a short line here, the queue area
+      // while it waits, and the whole prompt heads its own turn.
+      return h('article', { class: ['queued-line', mine ? 'mine' : null], attrs: { 'aria-label': `Prompt from ${ev.by}, queued` } },
+        h('div', { class: 'meta' }, avatar(ev.by), h('strong', { class: 'who', text: ev.by }),
+          h('span', { class: 'dim', text: `queued a prompt during turn ${during}:` }),
+          h('span', { class: 'text one', text: firstLine(d.text) }), timeEl(ev.time), badge));
+    }
     return h('article', { class: mine ? 'mine' : null, attrs: { 'aria-label': `Prompt from ${ev.by}` } },
       h('div', { class: 'meta' }, avatar(ev.by), h('strong', { class: 'who', text: ev.by }), timeEl(ev.time), badge),
       h('div', { class: 'text', text: d.text || '' }));
   },
 
-  turn_started(ev, d) {
+  turn_started(ev, d, ctx) {
+    const prompt = ctx.model.store.get(d.prompt_seq);
+    if (prompt && ctx.model.queuedDuring.has(d.prompt_seq)) {
+      // The prompt was queued during an earlier turn: it heads this one.
+      const fin = ctx.model.finished.get(d.turn);
+      return h('article', { class: ['turnhead', prompt.by === ctx.me ? 'mine' : null], attrs: { 'aria-label': `Turn ${d.turn}, prompt from ${prompt.by}` } },
+        h('div', { class: 'meta' }, avatar(prompt.by), h('strong', { class: 'who', text: prompt.by }), timeEl(ev.time),
+          h('span', { class: ['badge', fin ? `st-${fin.status}` : 'st-running'], text: fin ? `turn ${d.turn} · ${fin.status}` : `turn ${d.turn} · running` })),
+        h('div', { class: 'text', text: (prompt.data && prompt.data.text) || '' }));
+    }
     return h('div', { class: 'turnline' },
       h('span', { class: 'mark', attrs: { 'aria-hidden': 'true' }, text: '▶' }),
       h('span', { text: `Turn ${d.turn} started` }), ev.by && ev.by !== 'system' ? h('span', { class: 'dim', text: `· ${ev.by}'s prompt` }) : null,
@@ -66,28 +94,30 @@ const renderers = {
     let shown = text;
     let hidden = 0;
     if (!ctx.expanded.has(ev.seq)) {
-      let idx = -1;
+      // The tail shows: the end of a long output is what says how it went.
+      const body = text.endsWith('\n') ? text.length - 1 : text.length;
+      let idx = body;
       let n = 0;
       while (n < COLLAPSE_LINES) {
-        idx = text.indexOf('\n', idx + 1);
+        idx = text.lastIndexOf('\n', idx - 1);
         if (idx < 0) break;
         n++;
       }
-      if (idx >= 0 && idx < text.length - 1) {
-        shown = text.slice(0, idx + 1);
-        hidden = countLines(text.slice(idx + 1));
+      if (idx > 0) {
+        shown = text.slice(idx + 1);
+        hidden = countLines(text.slice(0, idx + 1));
       }
     }
     ansi.render(pre, shown);
-    el.appendChild(pre);
     if (hidden > 0) {
       el.appendChild(h('button', {
         type: 'button', class: 'more', data: { more: ev.seq },
-        text: `Show ${hidden.toLocaleString()} more line${hidden === 1 ? '' : 's'}`,
+        text: `Show ${hidden.toLocaleString()} earlier line${hidden === 1 ? '' : 's'}`,
       }));
     } else if (ctx.expanded.has(ev.seq)) {
       el.appendChild(h('button', { type: 'button', class: 'more', data: { less: ev.seq }, text: 'Show less' }));
     }
+    el.appendChild(pre);
     return el;
   },
 
@@ -108,16 +138,30 @@ const renderers = {
     const card = h('div', { class: ['card', `ap-${state}`], attrs: { role: 'group', 'aria-labelledby': titleID } },
       h('p', { class: 'title', id: titleID }, h('span', { class: 'mark', attrs: { 'aria-hidden': 'true' }, text: '?' }),
         `Approval requested · turn ${d.turn}`),
-      h('p', { class: 'summary', text: d.summary || d.id }));
+      h('p', { class: 'summary', text: visible(d.title || d.summary || d.id) }),
+      d.title && d.summary && d.summary !== d.title ? h('p', { class: 'dim', text: visible(d.summary) }) : null,
+      Array.isArray(d.content) && d.content.length ? h('div', { class: 'ap-content' }, renderContent(d.content, ev.seq, ctx.expanded)) : null);
+    const options = (Array.isArray(d.options) ? d.options : []).filter((o) => o && typeof o.id === 'string');
     if (state === 'pending' && ctx.canDrive) {
-      card.appendChild(h('div', { class: 'actions' },
-        h('button', { type: 'button', class: 'primary', data: { approve: 'allow', turn: d.turn, id: d.id }, text: 'Allow' }),
-        h('button', { type: 'button', class: 'danger', data: { approve: 'deny', turn: d.turn, id: d.id }, text: 'Deny' })));
+      if (options.length) {
+        // The agent's own choices; allow_* ones allow, reject_* ones deny.
+        card.appendChild(h('div', { class: 'actions options' }, options.map((o) => {
+          const allow = String(o.kind || '').startsWith('allow');
+          return h('button', { type: 'button', class: allow ? (o.kind === 'allow_once' ? 'primary' : '') : 'danger',
+            data: { approve: allow ? 'allow' : 'deny', option: o.id, kind: o.kind || '', turn: d.turn, id: d.id }, text: visible(o.name || o.id) });
+        })));
+      } else {
+        card.appendChild(h('div', { class: 'actions' },
+          h('button', { type: 'button', class: 'primary', data: { approve: 'allow', turn: d.turn, id: d.id }, text: 'Allow' }),
+          h('button', { type: 'button', class: 'danger', data: { approve: 'deny', turn: d.turn, id: d.id }, text: 'Deny' })));
+      }
     } else {
+      const chosen = res && res.option_id ? options.find((o) => o.id === res.option_id) : null;
+      const how = chosen ? `: ${visible(chosen.name || chosen.id)}` : '';
       const outcome = {
-        pending: 'Waiting for a driver to answer',
-        allowed: `Allowed${res ? ` by ${res.by}` : ''}`,
-        denied: `Denied${res ? ` by ${res.by}` : ''}`,
+        pending: options.length ? `Waiting for a driver to choose: ${options.map((o) => visible(o.name || o.id)).join(' · ')}` : 'Waiting for a driver to answer',
+        allowed: `Allowed${res ? ` by ${res.by}` : ''}${how}`,
+        denied: `Denied${res ? ` by ${res.by}` : ''}${how}`,
         expired: 'Not answered: the turn ended',
       }[state];
       card.appendChild(h('p', { class: 'outcome', text: outcome }));
@@ -126,7 +170,8 @@ const renderers = {
   },
 
   approval_resolved(ev, d) {
-    return note(ev, [h('strong', { text: ev.by }), d.allow ? ' allowed ' : ' denied ', h('q', { text: d.id })]);
+    return note(ev, [h('strong', { text: ev.by }), d.allow ? ' allowed ' : ' denied ', h('q', { text: d.id }),
+      d.option_id ? h('span', { class: 'dim', text: ` (${visible(d.option_id)})` }) : null]);
   },
 
   sandbox(ev, d) {
@@ -152,6 +197,8 @@ const renderers = {
     return note(ev, ['Pull request opened', d.branch ? [' from ', h('code', { text: d.branch })] : null, ': ', link]);
   },
 
+  ...agentRenderers,
+
   error(ev, d) {
     return h('div', { attrs: { role: 'note' } },
       h('span', { class: 'mark', attrs: { 'aria-hidden': 'true' }, text: '!' }),
@@ -169,6 +216,13 @@ function note(ev, content) {
 
 function statusWord(s) {
   return { ok: 'finished', failed: 'failed', cancelled: 'was cancelled', timeout: 'timed out' }[s] || s;
+}
+
+function firstLine(text) {
+  const t = String(text || '').trim();
+  const i = t.indexOf('\n');
+  const line = i < 0 ? t : `${t.slice(0, i)} …`;
+  return line.length > 140 ? `${line.slice(0, 139)}…` : line;
 }
 
 function countLines(s) {

@@ -15,6 +15,10 @@ import { Stream } from './stream.js';
 import { Model } from './model.js';
 import { Timeline } from './timeline.js';
 import { renderRow } from './rows.js';
+import * as md from './markdown.js';
+import { visible, usageText } from './agent.js';
+
+const NOTIFY_KEY = 'atrium.notify'; // "1" when the user asked for browser notifications
 
 /** PAGE is how many events the page reads first, and per older page. */
 export const PAGE = 200;
@@ -49,6 +53,10 @@ export class SessionPage {
     this.statusTimer = null; // cancels a scheduled status render
     this.conn = { state: 'connecting' };
     this.ticker = setInterval(() => this.tick(), 1000);
+    this.streams = new Map(); // message_id → {turn, text, el, body, stop}: agent text being written
+    this.attention = ''; // "approval" or "finished": what the tab title calls for
+    this.onVisible = () => { if (!document.hidden && this.attention === 'finished') { this.attention = ''; this.renderTitle(); } };
+    document.addEventListener('visibilitychange', this.onVisible);
     this.reading = Promise.resolve(); // REST reads of older events, one at a time
     this.build();
     this.onKey = (e) => this.key(e);
@@ -65,13 +73,17 @@ export class SessionPage {
     this.sandboxEl = h('span', { class: 'pill sandbox', hidden: true });
     this.turnEl = h('span', { class: 'turnstate', id: 'turn-state' });
     this.cancelTop = h('button', { type: 'button', class: 'danger small', id: 'cancel-turn', hidden: true, text: 'Cancel turn', on: { click: () => this.cancel() } });
+    this.usageEl = h('span', { class: 'pill usage', id: 'usage-total', hidden: true });
+    this.notifyBtn = h('button', { type: 'button', class: 'small', id: 'notify', hidden: !('Notification' in window), on: { click: () => this.toggleNotify() } });
+    this.renderNotify();
     this.presenceEl = h('ul', { class: 'presence', id: 'presence', attrs: { 'aria-label': 'Here now' } });
     this.shareBtn = h('button', { type: 'button', class: 'small', id: 'share-open', hidden: true, text: 'Share', on: { click: () => this.openShare() } });
     this.banner = h('div', { class: 'banner', hidden: true, attrs: { role: 'alert' } });
     this.announcer = h('div', { class: 'sr-only', attrs: { 'aria-live': 'polite' } });
 
     this.rowsEl = h('div', { class: 'rows', id: 'rows' });
-    this.scroller = h('div', { class: 'timeline', id: 'timeline', tabIndex: 0, attrs: { 'aria-label': 'Session events' } }, this.rowsEl);
+    this.liveEl = h('div', { class: 'live', id: 'live', attrs: { 'aria-live': 'off' } });
+    this.scroller = h('div', { class: 'timeline', id: 'timeline', tabIndex: 0, attrs: { 'aria-label': 'Session events' } }, this.rowsEl, this.liveEl);
     this.scroller.addEventListener('click', (e) => this.clickRow(e));
 
     this.queueEl = h('div', { class: 'queue', id: 'queue', hidden: true });
@@ -95,6 +107,7 @@ export class SessionPage {
       text: 'You are watching as a viewer. An owner of this session can make you a driver so you can prompt.' });
 
     this.dialog = this.buildShare();
+    this.confirmDlg = this.buildConfirm();
 
     this.root.replaceChildren(h('section', { class: 'session-page' },
       h('div', { class: 'sbar' },
@@ -102,11 +115,12 @@ export class SessionPage {
           h('a', { href: '/', class: 'back', data: { nav: '' }, attrs: { 'aria-label': 'All sessions' }, text: '←' }),
           title, this.roleEl),
         h('div', { class: 'sbar-status' },
-          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.presenceEl, this.shareBtn)),
+          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.usageEl, this.presenceEl, this.notifyBtn, this.shareBtn)),
       this.banner,
       this.scroller,
       h('div', { class: 'bottom' }, this.queueEl, this.composer, this.viewerNote),
       this.dialog,
+      this.confirmDlg,
       this.announcer));
   }
 
@@ -136,10 +150,13 @@ export class SessionPage {
       scroller: this.scroller, list: this.rowsEl, model: this.model,
       row: (ev) => renderRow(ev, this.rowCtx()), older: () => this.readOlder(PAGE),
     });
+    this.timeline.resize.observe(this.liveEl);
+    this.clearStreams();
     if (this.stream) this.stream.stop();
     this.stream = new Stream(this.id, {
       onHello: (f) => this.hello(f),
       onEvent: (ev) => this.event(ev),
+      onDelta: (f) => this.delta(f),
       onPresence: (f) => this.setPresence(f.watchers || []),
       onAck: (f) => this.ack(f),
       onError: (f) => this.frameError(f),
@@ -180,7 +197,7 @@ export class SessionPage {
   setSession(s) {
     this.session = s;
     this.titleEl.textContent = s.title || 'Untitled session';
-    document.title = `${s.title || 'Untitled session'} · Atrium`;
+    this.renderTitle();
     if (s.role) this.setRole(s.role);
   }
 
@@ -231,16 +248,44 @@ export class SessionPage {
         break;
       case 'turn_started':
         this.timeline.update(d.prompt_seq);
+        this.confirmDlg.close();
         break;
       case 'turn_finished': {
         const st = m.started.get(d.turn);
         if (st) this.timeline.update(st.prompt_seq);
         for (const seq of m.approvalsOfTurn.get(d.turn) || []) this.timeline.update(seq);
-        if (this.caughtUp) this.announce(`Turn ${d.turn} ${d.status}`);
+        for (const [id, st] of this.streams) if (st.turn === d.turn) this.endStream(id);
+        if (this.caughtUp) {
+          this.announce(`Turn ${d.turn} ${d.status}`);
+          if (document.hidden) {
+            this.attention = 'finished';
+            this.finishedTurn = d.turn;
+          }
+          this.notify(`Turn ${d.turn} ${d.status === 'ok' ? 'finished' : d.status}`, (this.session && this.session.title) || '');
+        }
         break;
       }
       case 'approval_requested':
-        if (this.caughtUp) this.announce(`Approval requested: ${d.summary || d.id}`);
+        if (this.caughtUp) {
+          this.announce(`Approval requested: ${d.title || d.summary || d.id}`);
+          if (rank(this.role) >= 2) this.notify('Approval needed', d.title || d.summary || d.id);
+        }
+        break;
+      case 'tool_call_update': {
+        const tc = m.toolCalls.get(d.id);
+        if (tc && tc.seq !== null) this.timeline.update(tc.seq);
+        break;
+      }
+      case 'plan': {
+        const list = m.plans.get(d.turn) || [];
+        for (const seq of list) if (seq !== ev.seq) this.timeline.update(seq);
+        break;
+      }
+      case 'usage':
+        this.renderUsage();
+        break;
+      case 'agent_message':
+        this.endStream(d.message_id);
         break;
       case 'approval_resolved': {
         const seq = m.approvalRow(d.turn, d.id);
@@ -415,6 +460,7 @@ export class SessionPage {
       this.statusTimer = null; // cancels a scheduled status render
       this.renderStatus();
       this.renderQueue();
+      this.renderUsage();
     });
   }
 
@@ -449,6 +495,116 @@ export class SessionPage {
     this.turnEl.textContent = text;
     this.turnEl.dataset.state = state;
     this.cancelTop.hidden = !r || this.fatal !== '' || rank(this.role) < 2;
+    const waiting = !!(r && r.approvals.size > 0 && rank(this.role) >= 2 && !this.fatal);
+    if (waiting) this.attention = 'approval';
+    else if (this.attention === 'approval') this.attention = '';
+    this.renderTitle();
+  }
+
+  // renderTitle puts what needs the reader in the tab's title.
+  renderTitle() {
+    const title = (this.session && this.session.title) || 'Untitled session';
+    let prefix = '';
+    if (this.attention === 'approval') prefix = '(!) Approval needed · ';
+    else if (this.attention === 'finished') prefix = `✓ Turn ${this.finishedTurn} done · `;
+    const t = `${prefix}${title} · Atrium`;
+    if (document.title !== t) document.title = t;
+  }
+
+  renderUsage() {
+    const u = this.model && this.model.usageTotal;
+    if (!u || !u.events) {
+      this.usageEl.hidden = true;
+      return;
+    }
+    this.usageEl.hidden = false;
+    const all = this.model.store.lo <= 1 || this.model.foldFrom <= 1;
+    this.usageEl.textContent = `${all ? '' : '≥ '}${usageText(u)}`;
+    this.usageEl.title = all ? 'Tokens and cost of this session' : 'Tokens and cost of the events loaded so far';
+  }
+
+  // --- needs you: browser notifications ------------------------------------
+
+  notifyOn() {
+    try {
+      return 'Notification' in window && Notification.permission === 'granted' && localStorage.getItem(NOTIFY_KEY) === '1';
+    } catch {
+      return false;
+    }
+  }
+
+  renderNotify() {
+    if (!('Notification' in window)) return;
+    const on = this.notifyOn();
+    this.notifyBtn.textContent = on ? 'Notifications on' : 'Notify me';
+    this.notifyBtn.setAttribute('aria-pressed', on ? 'true' : 'false');
+    this.notifyBtn.title = Notification.permission === 'denied'
+      ? 'Notifications are blocked for this site in the browser\'s settings'
+      : 'Notify me when an approval waits or a turn finishes while this tab is in the background';
+  }
+
+  async toggleNotify() {
+    try {
+      if (this.notifyOn()) {
+        localStorage.removeItem(NOTIFY_KEY);
+      } else {
+        const p = Notification.permission === 'granted' ? 'granted' : await Notification.requestPermission();
+        if (p === 'granted') localStorage.setItem(NOTIFY_KEY, '1');
+        else toast('The browser did not allow notifications for this site.', 'error');
+      }
+    } catch {
+      toast('Notifications are not available here.', 'error');
+    }
+    this.renderNotify();
+  }
+
+  // notify shows a browser notification while the tab is in the background.
+  notify(title, body) {
+    if (!document.hidden || !this.notifyOn()) return;
+    try {
+      const n = new Notification(title, { body: visible(body).slice(0, 200), tag: `atrium-${this.id}` });
+      n.onclick = () => { window.focus(); n.close(); };
+    } catch {
+      // Some browsers allow notifications from a service worker only.
+    }
+  }
+
+  // --- streaming agent text -------------------------------------------------
+
+  delta(f) {
+    if (!this.model || typeof f.message_id !== 'string' || !f.message_id) return;
+    if (this.model.messageIDs.has(f.message_id)) return; // its agent_message is here
+    let st = this.streams.get(f.message_id);
+    if (!st) {
+      const body = h('div', { class: 'md-live' });
+      const el = h('article', { class: ['agent-msg', 'streaming'], data: { message: f.message_id }, attrs: { 'aria-label': 'Agent message being written' } },
+        h('div', { class: 'meta' }, h('span', { class: 'avatar agent', attrs: { 'aria-hidden': 'true' }, text: '◆' }),
+          h('strong', { class: 'who', text: 'Agent' }), h('span', { class: 'dim writing', text: 'writing…' })),
+        body);
+      st = { turn: f.turn, text: '', el, body, stop: null };
+      this.streams.set(f.message_id, st);
+      this.liveEl.appendChild(el);
+    }
+    st.text += f.text;
+    if (!st.stop) {
+      st.stop = later(() => {
+        st.stop = null;
+        st.body.replaceChildren(md.render(visible(st.text)));
+        if (this.timeline && this.timeline.following) this.timeline.toBottom();
+      });
+    }
+  }
+
+  endStream(id) {
+    const st = this.streams.get(id);
+    if (!st) return;
+    if (st.stop) st.stop();
+    st.el.remove();
+    this.streams.delete(id);
+  }
+
+  clearStreams() {
+    for (const id of [...this.streams.keys()]) this.endStream(id);
   }
 
   renderQueue() {
@@ -526,7 +682,42 @@ export class SessionPage {
     this.renderQueue();
   }
 
-  async cancel() {
+  /**
+   * cancel stops the running turn; a turn someone else started (or whose
+   * starter is not known) asks first.
+   */
+  cancel() {
+    const r = this.model && this.model.running;
+    if (!r || rank(this.role) < 2) return;
+    if (r.by !== this.me) {
+      this.confirmText.textContent = r.by
+        ? `Turn ${r.turn} was started by ${r.by}. Stop it for everyone?`
+        : `Turn ${r.turn} may have been started by someone else. Stop it for everyone?`;
+      this.confirmYes.textContent = r.by ? `Cancel ${r.by}'s turn` : 'Cancel the turn';
+      this.confirmTurn = r.turn;
+      if (!this.confirmDlg.open) this.confirmDlg.showModal();
+      this.confirmNo.focus();
+      return;
+    }
+    this.cancelNow();
+  }
+
+  buildConfirm() {
+    this.confirmText = h('p', { id: 'confirm-cancel-text' });
+    this.confirmYes = h('button', { type: 'button', class: 'danger', id: 'confirm-cancel-yes', text: 'Cancel the turn', on: { click: () => {
+      const turn = this.confirmTurn;
+      dlg.close();
+      if (this.model && this.model.running && this.model.running.turn === turn) this.cancelNow();
+    } } });
+    this.confirmNo = h('button', { type: 'button', id: 'confirm-cancel-no', text: 'Keep it running', on: { click: () => dlg.close() } });
+    const dlg = h('dialog', { class: 'confirm', id: 'confirm-cancel', attrs: { 'aria-labelledby': 'confirm-cancel-h', 'aria-describedby': 'confirm-cancel-text' } },
+      h('h2', { id: 'confirm-cancel-h', text: 'Cancel someone else\'s turn?' }),
+      this.confirmText,
+      h('div', { class: 'actions' }, this.confirmNo, this.confirmYes));
+    return dlg;
+  }
+
+  async cancelNow() {
     if (!this.model || !this.model.running || rank(this.role) < 2) return;
     if (this.stream && this.stream.send({ type: 'cancel', client_id: `c-${randomID()}` })) {
       this.announce('Cancel requested');
@@ -545,11 +736,14 @@ export class SessionPage {
     const turn = Number(btn.dataset.turn);
     const id = btn.dataset.id;
     const allow = btn.dataset.approve === 'allow';
+    const option = btn.dataset.option || '';
     for (const b of btn.parentElement.querySelectorAll('button')) b.disabled = true;
-    btn.textContent = allow ? 'Allowing…' : 'Denying…';
-    if (this.stream && this.stream.send({ type: 'approve', id, allow, client_id: `a-${turn}-${randomID()}` })) return;
+    btn.textContent = option ? `${btn.textContent}…` : allow ? 'Allowing…' : 'Denying…';
+    const frame = { type: 'approve', id, allow, client_id: `a-${turn}-${randomID()}` };
+    if (option) frame.option_id = option;
+    if (this.stream && this.stream.send(frame)) return;
     try {
-      await api.approve(this.id, id, allow);
+      await api.approve(this.id, id, allow, option);
     } catch (err) {
       toast(`Could not answer the approval: ${err.message}`, 'error');
       const seq = this.model.approvalRow(turn, id);
@@ -729,7 +923,11 @@ export class SessionPage {
     clearInterval(this.ticker);
     if (this.statusTimer) this.statusTimer();
     document.removeEventListener('keydown', this.onKey);
+    document.removeEventListener('visibilitychange', this.onVisible);
+    this.clearStreams();
     if (this.dialog.open) this.dialog.close();
+    if (this.confirmDlg.open) this.confirmDlg.close();
+    document.title = 'Atrium';
   }
 }
 

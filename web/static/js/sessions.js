@@ -5,7 +5,11 @@
 import { h, ago, plural, later } from './dom.js';
 import * as api from './api.js';
 
-const REFRESH = 15000; // ms between list refreshes while the page shows
+// REFRESH is the time between list refreshes while the page shows: there is
+// no push of the list, so a session shared with the reader (or created in
+// another tab) appears within this long. One small GET per interval, and
+// none while the tab is hidden.
+const REFRESH = 10000;
 
 // Harness templates a new session can use. `shell` is built in (DESIGN §6);
 // other templates are configured per node and can be typed in.
@@ -17,6 +21,7 @@ export class SessionsPage {
     this.root = root;
     this.app = app;
     this.all = null;
+    this.fresh = new Set(); // ids of sessions that appeared while the page was open
     const q = new URLSearchParams(location.search);
     this.filters = { q: q.get('q') || '', state: q.get('state') || '', role: q.get('role') || '' };
     this.build();
@@ -64,7 +69,13 @@ export class SessionsPage {
     if (this.loading) return;
     this.loading = true;
     try {
-      this.all = await api.listSessions();
+      const list = await api.listSessions();
+      if (this.all) {
+        // Sessions that were not in the previous list are marked new.
+        const before = new Set(this.all.map((x) => x.id));
+        for (const x of list) if (!before.has(x.id)) this.fresh.add(x.id);
+      }
+      this.all = list;
       if (!this.stopped) this.render();
     } catch (err) {
       if (err.status === 401) return this.app.login();
@@ -102,8 +113,10 @@ export class SessionsPage {
     this.list.replaceChildren(...shown.map((s) => {
       const activity = s.last_activity || s.updated_at;
       const when = activity ? `active ${ago(activity, now)}` : `created ${ago(s.created_at, now)}`;
-      return h('li', { class: 'session-item', data: { id: s.id } },
+      const fresh = this.fresh.has(s.id);
+      return h('li', { class: ['session-item', fresh ? 'fresh' : null], data: { id: s.id } },
         h('a', { href: `/s/${encodeURIComponent(s.id)}`, class: 'title', data: { nav: '' }, text: s.title || 'Untitled session' }),
+        fresh ? h('span', { class: 'badge st-running', text: s.owner && s.owner !== this.app.me ? `new · shared by ${s.owner}` : 'new' }) : null,
         h('div', { class: 'facts' },
           h('span', { class: ['pill', `state-${s.state}`], text: s.state }),
           h('span', { class: 'pill role', attrs: { 'aria-label': `my role: ${s.role}` }, text: s.role }),

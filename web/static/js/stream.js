@@ -11,6 +11,8 @@
 
 /** Subprotocol is the WebSocket subprotocol of the client protocol. */
 export const SUBPROTOCOL = 'atrium.v1';
+/** SUBPROTOCOL_BATCH adds events frames (history in batches); offered first. */
+export const SUBPROTOCOL_BATCH = 'atrium.v1+batch';
 
 const BACKOFF_MIN = 250; // ms, first retry
 const BACKOFF_MAX = 15000; // ms
@@ -27,7 +29,7 @@ const FATAL = {
 
 /**
  * Stream connects to a session's WebSocket and keeps it connected.
- * handlers: onHello(frame), onEvent(event), onPresence(frame), onAck(frame),
+ * handlers: onHello(frame), onEvent(event), onDelta(frame), onPresence(frame), onAck(frame),
  * onError(frame), onStatus({state, retryAt, reason}), onFatal(message, code),
  * onReset() (the cursor is beyond the log: the page must load it afresh),
  * and check() → Promise: called when a connection failed before its hello
@@ -79,7 +81,7 @@ export class Stream {
     this.status('connecting');
     let ws;
     try {
-      ws = new WebSocket(this.url(), SUBPROTOCOL);
+      ws = new WebSocket(this.url(), [SUBPROTOCOL_BATCH, SUBPROTOCOL]);
     } catch {
       this.retry(false);
       return;
@@ -121,6 +123,20 @@ export class Stream {
         this.h.onEvent(ev);
         break;
       }
+      case 'events': // a batch of events, in seq order
+        for (const ev of Array.isArray(f.events) ? f.events : []) {
+          if (!ev || typeof ev.seq !== 'number' || ev.seq <= this.last) continue;
+          if (ev.seq !== this.last + 1) {
+            this.renew();
+            return;
+          }
+          this.last = ev.seq;
+          this.h.onEvent(ev);
+        }
+        break;
+      case 'delta': // streaming agent text: not an event, never replayed
+        if (this.h.onDelta && typeof f.text === 'string') this.h.onDelta(f);
+        break;
       case 'presence':
         this.h.onPresence(f);
         break;

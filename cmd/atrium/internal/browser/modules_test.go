@@ -10,9 +10,9 @@ import (
 	"github.com/atriumhq/atrium/web"
 )
 
-// TestBrowser_Modules runs the UI's pure modules (ansi.js, model.js) in
-// Chromium, served by web.Handler alone, against cases whose answers are
-// known. Each case is JavaScript that returns "" or what went wrong.
+// TestBrowser_Modules runs the UI's pure modules (ansi.js, model.js,
+// markdown.js, agent.js) in Chromium, served by web.Handler alone, against
+// cases whose answers are known. Each case is JavaScript that returns "" or what went wrong.
 func TestBrowser_Modules(t *testing.T) {
 	t.Parallel()
 	mux := http.NewServeMux()
@@ -90,6 +90,39 @@ func TestBrowser_Modules(t *testing.T) {
 			m.add(ev(102, 'turn_finished', { turn: 7, status: 'ok' }));
 			m.add(ev(103, 'message', { text: 'next' }));
 			return m.exact() && !m.running && m.pending.size === 1 ? '' : 'exact, idle, one queued';`,
+		"markdown: headings, code, lists, tables and links become elements": `
+			const { render } = await import('/js/markdown.js');
+			const el = render('# Title\n\nSome *em* and **strong** and ` + "`code`" + `.\n\n` + "```go\\nfunc f() {}\\n```" + `\n\n- [x] done\n- [ ] todo\n\n| a | b |\n|---|--:|\n| 1 | 2 |\n\n[docs](https://example.com/x) &amp; &#x41;');
+			const want = ['h3', 'em', 'strong', 'p code', 'pre.code code[data-lang="go"]', 'li.task input[type="checkbox"][disabled]', 'table th', 'td.al-right', 'a[href="https://example.com/x"][rel~="noopener"]'];
+			for (const sel of want) if (!el.querySelector(sel)) return 'no ' + sel + ' in ' + el.textContent;
+			if (el.querySelector('h3').textContent !== 'Title') return 'heading ' + el.querySelector('h3').textContent;
+			if (!el.textContent.includes('& A')) return 'character references not decoded: ' + el.textContent;
+			return '';`,
+		"markdown: HTML, scripts and unsafe links stay text": `
+			const { render, safeURL } = await import('/js/markdown.js');
+			const bad = ['java', 'script:alert(1)'].join('');
+			const el = render('<script>window.__x = 1</script>\n\n<div onclick="x()">raw</div>\n\ntext <b>b</b> <img src=x onerror=alert(1)> [a](' + bad + ') [d](data:text/html,x) ![i](https://example.com/i.png)');
+			if (el.querySelector('script, div[onclick], b, img, iframe')) return 'markup was created';
+			if ([...el.querySelectorAll('a')].some((a) => !a.href.startsWith('https:'))) return 'an unsafe link was created';
+			if (!el.textContent.includes('<script>window.__x = 1</script>') || !el.textContent.includes('<b>')) return 'the HTML is not shown as text: ' + el.textContent;
+			if (!el.querySelector('a.image-ref') || el.querySelector('img')) return 'the image is loaded or not linked';
+			if (window.__x !== undefined) return 'the script ran';
+			if (safeURL(bad) !== null || safeURL('/relative') !== null || safeURL('mailto:a@b.c') === null) return 'safeURL';
+			return '';`,
+		"agent: line diff, visible escapes and the tail of long output": `
+			const { diffLines, diffStat, visible, renderContent } = await import('/js/agent.js');
+			const d = diffLines(['a', 'b', 'c'], ['a', 'x', 'c']).map((o) => o.op + o.text).join(',');
+			if (d !== ' a,-b,+x, c') return 'diff ' + d;
+			const st = diffStat({ old_text: null, new_text: 'one\ntwo\n' });
+			if (st.added !== 2 || st.removed !== 0) return 'new file stat ' + JSON.stringify(st);
+			if (visible('a\x1b[31mb\x07') !== 'a\u241b[31mb\u2407') return 'visible ' + visible('a\x1b[31mb\x07');
+			const text = Array.from({ length: 100 }, (_, i) => 'line ' + (i + 1)).join('\n');
+			const box = document.createElement('div');
+			box.append(...renderContent([{ type: 'content', content: { type: 'text', text } }], 7, new Set()));
+			const shown = box.querySelector('pre').textContent;
+			if (!shown.endsWith('line 100') || shown.includes('line 1\n')) return 'tail ' + shown.slice(0, 40);
+			if (!box.querySelector('button[data-more="7"]')) return 'no Show all';
+			return '';`,
 		"store: contiguous at both ends": `
 			const { Store } = await import('/js/model.js');
 			const s = new Store(5);

@@ -17,7 +17,8 @@ import (
 // presence; carol has no prompt box and a prompt frame forged from her page
 // is refused; prompts typed in one browser appear in the others, with the
 // queue of pending prompts; an approval is answered with a click; bob's Esc
-// cancels alice's turn; and every page's rows are the REST history.
+// cancels alice's turn once he confirms; and every page's rows are the REST
+// history.
 func TestBrowser_Multiplayer(t *testing.T) {
 	t.Parallel()
 	st := startStack(t)
@@ -131,6 +132,9 @@ func TestBrowser_Multiplayer(t *testing.T) {
 	bob.waitJS("bob's cancel button", `!document.querySelector('#cancel-turn').hidden`)
 	bob.do(chromedp.Focus(chromedp.CSS("#timeline")))
 	bob.key(kb.Escape)
+	// It is alice's turn: bob's page asks first.
+	bob.waitJS("the cancel confirmation", `document.querySelector('#confirm-cancel').open`)
+	bob.click("#confirm-cancel-yes")
 	for _, tb := range []*tab{alice, bob, carol} {
 		tb.waitRow("the cancelled turn", ".k-turn_finished", "Turn 4 was cancelled")
 		tb.waitJS("an idle session", `document.querySelector('#turn-state').dataset.state === 'cancelled'`)
