@@ -175,6 +175,9 @@ const (
 	// egressForwarder is the forwarder executable (atrium itself), named
 	// so that it acts as one (egress.IsForwarder).
 	egressForwarder = egressDir + "/" + egress.ForwarderName
+	// modelSocket is the node's model gateway, a Unix socket bound from
+	// the host; the forwarder relays compute.ModelAddr to it.
+	modelSocket = egressDir + "/model.sock"
 )
 
 // sandboxOptions are the parts of a bubblewrap command line that differ
@@ -186,6 +189,15 @@ type sandboxOptions struct {
 	egress *egressMount
 	// mounts are host directories bound into the sandbox (compute.Spec.Mounts).
 	mounts []compute.Mount
+	// model, when set, binds the model gateway's socket and the forwarder
+	// in and starts the forwarder on compute.ModelAddr before the command.
+	model *modelMount
+}
+
+// modelMount is what a command needs to reach the node's model gateway.
+type modelMount struct {
+	socket    string // host path of the gateway's Unix socket
+	forwarder string // host path of the forwarder executable
 }
 
 // egressMount is what a command needs to reach its sandbox's egress proxy.
@@ -219,6 +231,17 @@ func (l *layout) args(workspace, dir string, o sandboxOptions, argv []string) []
 		// has printed that it listens and closed its output.
 		script = `ready=$(` + egressForwarder + " -listen " + egressListen(e.port) + " -socket " + egressSocket +
 			` &); [ "$ready" = ` + egress.ForwarderReady + ` ] || exit 125; exec "$@"`
+	}
+	if mm := o.model; mm != nil {
+		if o.egress == nil {
+			a = append(a,
+				"--perms", "0755", "--dir", "/run",
+				"--perms", "0755", "--dir", egressDir,
+				"--ro-bind", mm.forwarder, egressForwarder)
+		}
+		a = append(a, "--ro-bind", mm.socket, modelSocket)
+		script = `ready=$(` + egressForwarder + " -listen " + compute.ModelAddr + " -socket " + modelSocket +
+			` &); [ "$ready" = ` + egress.ForwarderReady + ` ] || exit 125; ` + script
 	}
 	a = append(a, "--bind", workspace, Workspace)
 	a = append(a, mountArgs(o.mounts)...)

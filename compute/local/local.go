@@ -265,6 +265,11 @@ func (p *Provider) Open(ctx context.Context, spec compute.Spec) (compute.Sandbox
 			})
 		}
 	}
+	if lim.model != "" && p.layout != nil {
+		if err := p.probeForwarder(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.open(ctx, spec.Fence, lim); err != nil {
 		return nil, err
 	}
@@ -309,6 +314,12 @@ func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
 		return limits{}, err
 	}
 	lim.mounts = mounts
+	if spec.ModelSocket != "" {
+		if err := checkModelSocket(spec.ModelSocket); err != nil {
+			return limits{}, err
+		}
+		lim.model = filepath.Clean(spec.ModelSocket)
+	}
 	return lim, nil
 }
 

@@ -32,6 +32,7 @@ type limits struct {
 	network bool
 	egress  *egress.Allowlist // nil: no egress proxy
 	mounts  []compute.Mount   // host directories bound into the sandbox
+	model   string            // host path of the model gateway's socket; "" for none
 }
 
 // Sandbox is a handle on one session's sandbox, carrying the fence of the
@@ -62,6 +63,7 @@ type machine struct {
 	seq    int         // guarded by lock: numbers the commands' leaf cgroups
 	gate   *egressGate // guarded by lock: the egress proxy while ready, once an allowlist was set
 	zyg    *zygote     // guarded by lock: the sandbox's zygote, once started; nil while sleeping
+	relay  *modelRelay // guarded by lock: in unsafe mode, the model gateway's loopback relay
 
 	mu    sync.Mutex
 	state session.SandboxState // guarded by mu
@@ -214,6 +216,7 @@ func (m *machine) stopLocked(ctx context.Context) error {
 	if err := m.closeEgressLocked(); err != nil {
 		errs = append(errs, err)
 	}
+	m.closeModelRelayLocked()
 	if m.cg != nil {
 		if err := m.sweepLocked(); err != nil {
 			errs = append(errs, err)
@@ -339,6 +342,9 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 			o.egress = &egressMount{socket: m.gate.socket, forwarder: p.forwarder, port: p.cfg.EgressPort}
 			proxy = proxyEnv(egressListen(p.cfg.EgressPort))
 		}
+		if m.limits.model != "" {
+			o.model = &modelMount{socket: m.limits.model, forwarder: p.forwarder}
+		}
 		if pr, ok, err := m.execInZygoteLocked(o, leaf, zygoteRequest{
 			Argv: req.Argv, Env: environ(Workspace, proxy, req.Env), Dir: dir,
 		}); ok {
@@ -354,6 +360,13 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		cmdDir, home = m.hostDir(req.Dir), m.workspace
 		if m.limits.egress != nil {
 			proxy = proxyEnv(m.gate.addr)
+		}
+		if m.limits.model != "" {
+			addr, err := m.modelRelayLocked()
+			if err != nil {
+				return nil, fmt.Errorf("exec in sandbox %s: %w", m.id, err)
+			}
+			req.Env = unsafeModelAddr(addr, req.Env)
 		}
 	}
 	var files []string
@@ -439,6 +452,9 @@ func (m *machine) zygoteLocked(o sandboxOptions) *zygote {
 // sameOptions reports whether a and b build the same sandbox.
 func sameOptions(a, b sandboxOptions) bool {
 	if a.network != b.network || (a.egress == nil) != (b.egress == nil) || !slices.Equal(a.mounts, b.mounts) {
+		return false
+	}
+	if (a.model == nil) != (b.model == nil) || (a.model != nil && *a.model != *b.model) {
 		return false
 	}
 	return a.egress == nil || *a.egress == *b.egress
