@@ -109,6 +109,8 @@ type File struct {
 	Quotas Quotas `yaml:"quotas"`
 	// Automation configures schedules and dead letters (automation.go).
 	Automation Automation `yaml:"automation"`
+	// Models configures the node's model gateway (models.go).
+	Models Models `yaml:"models"`
 }
 
 // Tracing protocols.
@@ -522,6 +524,7 @@ func (f *File) Validate(dev bool) error {
 	errs = append(errs, f.Tasks.check()...)
 	errs = append(errs, f.Quotas.check()...)
 	errs = append(errs, f.Automation.check()...)
+	errs = append(errs, f.Models.check()...)
 	errs = append(errs, f.checkCluster()...)
 	return errors.Join(errs...)
 }
