@@ -30,6 +30,7 @@ const (
 type sink interface {
 	event(ev *event) error
 	frame(b []byte) error // presence, ack and error frames; SSE drops them
+	delta(b []byte) error // a delta frame, sent as is (WebSocket) or as an SSE delta event
 	heartbeat() error
 	// flush sends what was written since the last flush. A sink may hold
 	// writes until then, so that a batch costs one write to the network.
@@ -138,7 +139,9 @@ func pause(ctx context.Context, try int) error {
 	}
 }
 
-// replay writes the first page and the rest of history.
+// replay writes the first page and the rest of history. Then the watcher is
+// live: it is sent delta frames from now on (those that arrived meanwhile
+// were dropped).
 func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error {
 	if err := f.emitPage(first, out); err != nil {
 		return err
@@ -147,7 +150,12 @@ func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error
 		return err
 	}
 	if first.More {
-		return f.catchUp(ctx, -1, out)
+		if err := f.catchUp(ctx, -1, out); err != nil {
+			return err
+		}
+	}
+	if f.w != nil {
+		f.w.live.Store(true)
 	}
 	return nil
 }
@@ -167,9 +175,19 @@ func (f *feed) pump(ctx context.Context, to sink) (ending, error) {
 		items, end, heartbeat := f.w.q.take(spare)
 		for _, it := range items {
 			var err error
-			if it.ev != nil {
+			switch {
+			case it.ev != nil:
 				err = f.live(ctx, it.ev, to)
-			} else {
+			case it.delta:
+				// The hub had seen events up to it.after when the delta
+				// came: if the feed has written later ones (from
+				// history), the delta is older than what the client has
+				// and is dropped; the durable agent_message carries its
+				// text.
+				if it.after == 0 || f.last <= it.after {
+					err = to.delta(it.frame)
+				}
+			default:
 				err = to.frame(it.frame)
 			}
 			if err != nil {

@@ -30,7 +30,15 @@ type watcher struct {
 	sse   bool         // SSE streams get events only, no presence frames
 	token string       // the API token the connection authenticated with; "" if none
 	role  atomic.Value // session.Role; follows member_changed events
-	q     queue
+	// deltas is set (before joining) on WebSocket and SSE watchers, which
+	// are sent the session's streaming agent text.
+	deltas bool
+	// live is set by the feed once it has replayed history: from then on
+	// the hub queues delta frames for the watcher. A delta that arrives
+	// while history is replayed is dropped: it may be of a message whose
+	// durable agent_message the replay has written already.
+	live atomic.Bool
+	q    queue
 }
 
 func (s *Server) newWatcher(user string, sse bool) *watcher {
@@ -48,9 +56,10 @@ func (s *Server) newWatcher(user string, sse bool) *watcher {
 func (w *watcher) getRole() session.Role  { return w.role.Load().(session.Role) }
 func (w *watcher) setRole(r session.Role) { w.role.Store(r) }
 
-// hub fans out each watched session's events and presence to its local
-// watchers. A session with local watchers is a topic with one NATS
-// subscription to its events and one to its presence; every subscription
+// hub fans out each watched session's events, streaming agent text (delta
+// frames) and presence to its local watchers. A session with local watchers
+// is a topic with one NATS subscription to its events, one to its deltas and
+// one to its presence; every subscription
 // delivers into one channel, drained by one dispatcher goroutine (run), so the
 // hub's cost does not grow with connections.
 type hub struct {
@@ -68,9 +77,12 @@ type hub struct {
 
 // topic is one session watched from this gateway.
 type topic struct {
-	id           session.ID
-	evSub, prSub *nats.Subscription // set at creation
-	refs         int                // guarded by hub.mu
+	id                  session.ID
+	evSub, prSub, dlSub *nats.Subscription // set at creation
+	refs                int                // guarded by hub.mu
+	// lastSeq is the seq of the newest event the hub has dispatched to the
+	// topic, 0 before the first. Owned by the dispatcher (hub.run).
+	lastSeq session.Seq
 
 	mu       sync.Mutex
 	watchers map[*watcher]struct{}     // guarded by mu
@@ -136,9 +148,15 @@ func (h *hub) subscribeLocked(id session.ID) (*topic, error) {
 		_ = t.evSub.Unsubscribe()
 		return nil, natsError(fmt.Errorf("subscribe to presence of %s: %w", id, err))
 	}
+	if t.dlSub, err = h.s.nc.ChanSubscribe(h.s.subj.Delta(id), h.msgs); err != nil {
+		_ = t.evSub.Unsubscribe()
+		_ = t.prSub.Unsubscribe()
+		return nil, natsError(fmt.Errorf("subscribe to deltas of %s: %w", id, err))
+	}
 	h.topics[id] = t
 	h.subs[t.evSub] = t
 	h.subs[t.prSub] = t
+	h.subs[t.dlSub] = t
 	h.s.metrics.sessions.Inc()
 	return t, nil
 }
@@ -227,9 +245,11 @@ func (h *hub) unsubscribeLocked(t *topic) {
 	delete(h.topics, t.id)
 	delete(h.subs, t.evSub)
 	delete(h.subs, t.prSub)
+	delete(h.subs, t.dlSub)
 	delete(h.dirty, t)
 	_ = t.evSub.Unsubscribe()
 	_ = t.prSub.Unsubscribe()
+	_ = t.dlSub.Unsubscribe()
 	h.s.metrics.sessions.Dec()
 }
 
@@ -263,6 +283,14 @@ func (h *hub) dispatch(m *nats.Msg) {
 		}
 		return
 	}
+	if m.Sub == t.dlSub {
+		if !isDeltaFrame(m.Data) {
+			h.s.log.Warn("skip undecodable delta frame", "session", string(t.id))
+			return
+		}
+		t.broadcastDelta(h.s, out{frame: m.Data, delta: true, after: t.lastSeq})
+		return
+	}
 	if session.ControlKind(m.Header.Get(session.HeaderControl)) == session.ControlDeleted {
 		t.closeAll(ending{code: 1000, reason: reasonDeleted, drain: true})
 		return
@@ -273,7 +301,15 @@ func (h *hub) dispatch(m *nats.Msg) {
 		return
 	}
 	ev.recv = time.Now()
+	t.lastSeq = max(t.lastSeq, ev.seq)
 	t.broadcast(h.s, out{ev: ev})
+}
+
+// isDeltaFrame reports whether b is a JSON object whose type is delta, as
+// the node encodes a session.DeltaFrame. It is passed on as is, so it must
+// at least be one JSON value (SSE writes it as one data line).
+func isDeltaFrame(b []byte) bool {
+	return bytes.HasPrefix(b, []byte(`{"type":"`+session.FrameDelta+`"`)) && json.Valid(b)
 }
 
 // close ends the hub's subscriptions. Connections have ended by then.
@@ -383,6 +419,21 @@ func (t *topic) broadcastLocked(s *Server, o out, toSSE bool) {
 	}
 	if o.ev != nil {
 		s.metrics.fanout.Add(float64(n))
+	}
+}
+
+// broadcastDelta queues a delta frame to every watcher that takes deltas
+// and is live; like broadcast, it closes a watcher whose queue is full.
+func (t *topic) broadcastDelta(s *Server, o out) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for w := range t.watchers {
+		if !w.deltas || !w.live.Load() || w.q.push(o) {
+			continue
+		}
+		if w.q.finish(ending{code: session.CloseSlowConsumer, reason: reasonSlowConsumer}) {
+			s.metrics.slow.Inc()
+		}
 	}
 }
 

@@ -114,10 +114,14 @@ func (ev *event) buildFrame() {
 }
 
 // out is one item of a connection's send queue: an event, or a complete
-// frame (presence, ack, error).
+// frame (presence, ack, error, delta).
 type out struct {
 	ev    *event
 	frame []byte
+	// delta marks frame as a delta frame (streaming agent text), queued
+	// when the hub had dispatched events up to after (0: none yet).
+	delta bool
+	after session.Seq
 }
 
 // ending says how and why a connection ends.

@@ -44,6 +44,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 
 	wt := s.newWatcher(p.User, true)
 	wt.token = apiToken(r, p)
+	wt.deltas = true
 	if a.allowed() {
 		wt.setRole(roleIn(a.entry, p))
 	}
@@ -141,11 +142,22 @@ func (k *sseSink) data(raw []byte) error {
 }
 
 var (
+	deltaHead  = []byte("event: " + session.FrameDelta)
 	dataPrefix = []byte("\ndata: ")
 	eventEnd   = []byte("\n\n")
 )
 
 func (k *sseSink) frame([]byte) error { return nil } // presence, acks and errors are WebSocket-only.
+
+// delta writes a delta frame as an SSE event named delta, with no id: an
+// SSE client's Last-Event-ID stays the seq of the last durable event.
+func (k *sseSink) delta(b []byte) error {
+	k.deadline()
+	if _, err := k.w.Write(deltaHead); err != nil {
+		return &writeFailed{err: err}
+	}
+	return k.data(b)
+}
 
 func (k *sseSink) heartbeat() error { return k.comment("heartbeat") }
 

@@ -28,9 +28,16 @@ type wsConn struct {
 	access access
 	remote string // the client's address, for the audit log
 
+	// batch is set when the client chose session.SubprotocolBatch: history
+	// events then go out in events frames.
+	batch bool
+
 	// Owned by the writer goroutine.
 	holding bool   // conn holds a batch: flush releases it
 	scratch []byte // frame of a history event
+	// events is the events frame being gathered (batch only): history
+	// events since the last flush or other frame; empty when none.
+	events []byte
 
 	// Owned by the reader goroutine.
 	cmds *commander // nil until the first command
@@ -67,7 +74,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 			"WebSocket from origin %s refused: add it to the gateway's allowed origins", r.Header.Get("Origin")))
 		return
 	}
-	if offered := headerTokens(r, "Sec-WebSocket-Protocol"); len(offered) > 0 && !slices.Contains(offered, session.Subprotocol) {
+	if offered := headerTokens(r, "Sec-WebSocket-Protocol"); len(offered) > 0 &&
+		!slices.Contains(offered, session.Subprotocol) && !slices.Contains(offered, session.SubprotocolBatch) {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, "unsupported WebSocket subprotocol: use %s", session.Subprotocol))
 		return
 	}
@@ -79,7 +87,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 
 	hj := &batchHijacker{ResponseWriter: w, timeout: s.writeTimeout, pool: s.batches}
 	ws, err := websocket.Accept(hj, r, &websocket.AcceptOptions{
-		Subprotocols:    []string{session.Subprotocol},
+		Subprotocols:    []string{session.SubprotocolBatch, session.Subprotocol}, // batch if offered
 		OriginPatterns:  s.origins,
 		CompressionMode: websocket.CompressionDisabled, // ~1.2 MB per connection otherwise.
 	})
@@ -95,6 +103,8 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 
 	c := &wsConn{s: s, ws: ws, conn: hj.conn, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a, remote: remoteOf(r)}
 	c.w.token = apiToken(r, p)
+	c.w.deltas = true
+	c.batch = ws.Subprotocol() == session.SubprotocolBatch
 	if a.allowed() {
 		c.w.setRole(roleIn(a.entry, p))
 	}
@@ -174,12 +184,31 @@ func (c *wsConn) run() (ending, error) {
 	return f.pump(ctx, c)
 }
 
+// maxEventsFrameBytes bounds an events frame: one is sent when the events
+// gathered reach it. (A single larger event is a frame of its own.)
+const maxEventsFrameBytes = maxBatchBytes
+
 // event writes ev's frame: live events come with theirs, built once for
-// every watcher; a history event's is built in a scratch buffer.
+// every watcher; a history event's is built in a scratch buffer or, when
+// the client takes batches, added to the events frame being gathered.
 func (c *wsConn) event(ev *event) error {
 	if ev.frame != nil {
 		c.s.metrics.fanoutLag.Observe(time.Since(ev.recv).Seconds())
 		return c.send(ev.frame)
+	}
+	if c.batch {
+		if len(c.events) > 0 && len(c.events)+len(ev.raw) >= maxEventsFrameBytes {
+			if err := c.sendEvents(); err != nil {
+				return err
+			}
+		}
+		if len(c.events) == 0 {
+			c.events = append(c.events, session.EventsFrameHead...)
+		} else {
+			c.events = append(c.events, ',')
+		}
+		c.events = append(c.events, ev.raw...)
+		return nil
 	}
 	c.scratch = session.AppendEventFrame(c.scratch[:0], ev.raw)
 	err := c.send(c.scratch)
@@ -189,13 +218,38 @@ func (c *wsConn) event(ev *event) error {
 	return err
 }
 
+// sendEvents sends the events frame being gathered, if any.
+func (c *wsConn) sendEvents() error {
+	if len(c.events) == 0 {
+		return nil
+	}
+	c.events = append(c.events, session.EventsFrameTail...)
+	err := c.sendRaw(c.events)
+	if cap(c.events) > 2*maxEventsFrameBytes {
+		c.events = nil
+	} else {
+		c.events = c.events[:0]
+	}
+	return err
+}
+
 func (c *wsConn) frame(b []byte) error { return c.send(b) }
+func (c *wsConn) delta(b []byte) error { return c.send(b) }
 func (c *wsConn) heartbeat() error     { return nil }
 
-// send writes a message into the current batch. The write has no context:
-// a context that ends closes the whole connection in coder/websocket, and
-// one per message costs a timer. The batchConn's write deadline bounds it.
+// send writes a message into the current batch, after the events frame
+// being gathered. The write has no context: a context that ends closes the
+// whole connection in coder/websocket, and one per message costs a timer.
+// The batchConn's write deadline bounds it.
 func (c *wsConn) send(b []byte) error {
+	if err := c.sendEvents(); err != nil {
+		return err
+	}
+	return c.sendRaw(b)
+}
+
+// sendRaw is send without the events frame.
+func (c *wsConn) sendRaw(b []byte) error {
 	if !c.holding {
 		c.conn.hold()
 		c.holding = true
@@ -208,6 +262,9 @@ func (c *wsConn) send(b []byte) error {
 
 // flush sends the batch.
 func (c *wsConn) flush() error {
+	if err := c.sendEvents(); err != nil {
+		return err
+	}
 	if !c.holding {
 		return nil
 	}

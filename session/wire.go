@@ -5,10 +5,20 @@ import "encoding/json"
 // Subprotocol is the WebSocket subprotocol of the client protocol.
 const Subprotocol = "atrium.v1"
 
+// SubprotocolBatch is Subprotocol with one addition: the history a
+// connection catches up on (after the hello, and when it refetches a gap) may
+// come as EventsFrames, several events to a frame. A client that offers it
+// alongside Subprotocol gets it from a gateway that has it and plain
+// atrium.v1 from one that does not; the subprotocol the handshake chose says
+// which. Ordering and gap-freedom are those of atrium.v1: the events of an
+// events frame follow one another and the events before it.
+const SubprotocolBatch = "atrium.v1+batch"
+
 // Server → client WebSocket frame types.
 const (
 	FrameHello    = "hello"
 	FrameEvent    = "event"
+	FrameEvents   = "events" // only with SubprotocolBatch
 	FramePresence = "presence"
 	FrameAck      = "ack"
 	FrameError    = "error"
@@ -48,6 +58,20 @@ func AppendEventFrame(b []byte, ev json.RawMessage) []byte {
 	b = append(b, ev...)
 	return append(b, '}')
 }
+
+// EventsFrame carries several consecutive events, oldest first (only with
+// SubprotocolBatch). Events hold the events' encoded bytes.
+type EventsFrame struct {
+	Type   string            `json:"type"` // "events"
+	Events []json.RawMessage `json:"events"`
+}
+
+// EventsFrameHead and EventsFrameTail enclose an events frame's events,
+// separated by commas: gateways append events to a frame as they go.
+const (
+	EventsFrameHead = `{"type":"events","events":[`
+	EventsFrameTail = `]}`
+)
 
 // Watcher is one connection watching a session.
 type Watcher struct {

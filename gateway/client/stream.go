@@ -75,6 +75,12 @@ type WatchOptions struct {
 	WriteTimeout time.Duration
 	// ReadLimit bounds one server frame; default DefaultReadLimit.
 	ReadLimit int64
+	// Deltas asks for the streaming text of agent messages: frames of
+	// Type session.FrameDelta, delivered live between events. They are not
+	// history: a reconnection resumes with events only, and the
+	// agent_message event that follows a message's deltas holds its whole
+	// text.
+	Deltas bool
 }
 
 func (o WatchOptions) withDefaults() WatchOptions {
@@ -105,7 +111,9 @@ func (o WatchOptions) withDefaults() WatchOptions {
 // Frame is one thing a Stream delivers. Type says which field is set.
 type Frame struct {
 	// Type is session.FrameHello, FrameEvent, FramePresence, FrameAck,
-	// FrameError, or FrameReconnecting.
+	// FrameError, FrameReconnecting, or (with WatchOptions.Deltas)
+	// session.FrameDelta. A server's events frames (session.FrameEvents)
+	// are delivered as one FrameEvent per event.
 	Type string
 	// After is, for hello and reconnecting frames, the seq the connection
 	// resumes after: its events start at After+1.
@@ -126,6 +134,8 @@ type Frame struct {
 	Error *session.ErrorFrame
 	// Reconnect says why and when the stream reconnects.
 	Reconnect *Reconnect
+	// Delta is streaming text of the agent message being written.
+	Delta *session.DeltaFrame
 }
 
 // Reconnect describes a lost connection.
@@ -437,9 +447,11 @@ func (s *Stream) connect() (*websocket.Conn, session.HelloFrame, context.CancelF
 	after := s.last.Load()
 	u := s.url + "?" + url.Values{"after": {strconv.FormatInt(after, 10)}}.Encode()
 	conn, resp, err := websocket.Dial(cctx, u, &websocket.DialOptions{
-		HTTPClient:   s.c.httpClient(),
-		HTTPHeader:   header,
-		Subprotocols: []string{session.Subprotocol},
+		HTTPClient: s.c.httpClient(),
+		HTTPHeader: header,
+		// atrium.v1+batch lets the gateway send history in events frames;
+		// one without it picks atrium.v1.
+		Subprotocols: []string{session.SubprotocolBatch, session.Subprotocol},
 	})
 	if err != nil {
 		if cctx.Err() != nil && s.ctx.Err() == nil {
@@ -447,7 +459,7 @@ func (s *Stream) connect() (*websocket.Conn, session.HelloFrame, context.CancelF
 		}
 		return fail(nil, dialError(s.id, resp, err))
 	}
-	if conn.Subprotocol() != session.Subprotocol {
+	if p := conn.Subprotocol(); p != session.Subprotocol && p != session.SubprotocolBatch {
 		return fail(conn, fmt.Errorf("connect to session %s: server did not agree to subprotocol %s: %w", s.id, session.Subprotocol, errProtocol))
 	}
 	conn.SetReadLimit(s.opts.ReadLimit)
@@ -538,6 +550,16 @@ func (s *Stream) readLoop(ctx context.Context, conn *websocket.Conn) (progressed
 		if s.ctx.Err() != nil {
 			continue
 		}
+		if isEventsFrame(b) {
+			n, err := s.deliverEvents(b)
+			if n > 0 {
+				progressed = true
+			}
+			if err != nil {
+				return progressed, err
+			}
+			continue
+		}
 		f, ok, err := s.decode(b)
 		if err != nil {
 			return progressed, err
@@ -553,6 +575,52 @@ func (s *Stream) readLoop(ctx context.Context, conn *websocket.Conn) (progressed
 		}
 		s.emit(f)
 	}
+}
+
+// isEventsFrame reports whether b is an events frame, as gateways encode it.
+func isEventsFrame(b []byte) bool {
+	return len(b) >= len(session.EventsFrameHead) && string(b[:len(session.EventsFrameHead)]) == session.EventsFrameHead
+}
+
+// deliverEvents delivers the events of an events frame, one frame each, and
+// returns how many were new.
+func (s *Stream) deliverEvents(b []byte) (n int, err error) {
+	var ef session.EventsFrame
+	if err := json.Unmarshal(b, &ef); err != nil {
+		return 0, fmt.Errorf("decode events frame: %w", err)
+	}
+	for _, raw := range ef.Events {
+		ev, err := s.decodeEvent(raw)
+		if err != nil {
+			return n, err
+		}
+		if ev == nil {
+			continue
+		}
+		s.last.Store(ev.Seq)
+		n++
+		if !s.emit(Frame{Type: session.FrameEvent, Event: ev, Raw: raw}) {
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+// decodeEvent decodes the next event; it returns nil for one delivered
+// already and a gapError for one that does not follow.
+func (s *Stream) decodeEvent(raw json.RawMessage) (*session.Event, error) {
+	var ev session.Event
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return nil, fmt.Errorf("decode event: %w", err)
+	}
+	last := s.last.Load()
+	if ev.Seq <= last {
+		return nil, nil // already delivered
+	}
+	if ev.Seq != last+1 {
+		return nil, gapError{last: last, got: ev.Seq}
+	}
+	return &ev, nil
 }
 
 // gapError reports an event that does not follow the last one delivered.
@@ -575,21 +643,14 @@ func (s *Stream) decode(b []byte) (f Frame, ok bool, err error) {
 	switch head.Type {
 	case session.FrameEvent:
 		var ef session.EventFrame
-		var ev session.Event
 		if err := json.Unmarshal(b, &ef); err != nil {
 			return f, false, fmt.Errorf("decode event frame: %w", err)
 		}
-		if err := json.Unmarshal(ef.Event, &ev); err != nil {
-			return f, false, fmt.Errorf("decode event: %w", err)
+		ev, err := s.decodeEvent(ef.Event)
+		if ev == nil || err != nil {
+			return f, false, err
 		}
-		last := s.last.Load()
-		if ev.Seq <= last {
-			return f, false, nil // already delivered
-		}
-		if ev.Seq != last+1 {
-			return f, false, gapError{last: last, got: ev.Seq}
-		}
-		f.Event, f.Raw = &ev, ef.Event
+		f.Event, f.Raw = ev, ef.Event
 	case session.FramePresence:
 		f.Presence = new(session.PresenceFrame)
 		err = json.Unmarshal(b, f.Presence)
@@ -599,6 +660,12 @@ func (s *Stream) decode(b []byte) (f Frame, ok bool, err error) {
 	case session.FrameError:
 		f.Error = new(session.ErrorFrame)
 		err = json.Unmarshal(b, f.Error)
+	case session.FrameDelta:
+		if !s.opts.Deltas {
+			return f, false, nil
+		}
+		f.Delta = new(session.DeltaFrame)
+		err = json.Unmarshal(b, f.Delta)
 	default:
 		return f, false, nil // a hello mid-connection, or a newer frame type
 	}

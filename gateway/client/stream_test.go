@@ -384,7 +384,7 @@ func TestWatch_SendsAuthAndResumePoint(t *testing.T) {
 		t.Fatalf("Watch = %v, want not_found", err)
 	}
 	s := <-got
-	if s.auth != "Bearer dev:alice" || s.after != "42" || s.proto != session.Subprotocol {
+	if s.auth != "Bearer dev:alice" || s.after != "42" || s.proto != session.SubprotocolBatch+","+session.Subprotocol {
 		t.Fatalf("handshake = %+v", s)
 	}
 }
