@@ -60,6 +60,37 @@ type thread struct {
 	approvals map[string]*approval
 	waiting   int        // approvals not yet answered
 	spans     []turnSpan // the latest turns, oldest first
+	// An agent's turn (DESIGN §7 "Agent events"): its latest message, which
+	// the thread posts as the turn's result, and its plan's progress.
+	final    string
+	plan     string            // "2 of 5 steps done", "" without a plan
+	agentish bool              // the turn has agent events: the result is the message, not the output
+	titles   map[string]string // tool call id → title, for updates that carry none
+}
+
+// chatKinds says how a thread shows each event kind; kinds_test.go checks
+// that every kind of the session package is here, so a new kind is a
+// decision, not an oversight.
+var chatKinds = map[session.Kind]string{
+	session.KindSessionCreated:    "not shown (the thread is the session)",
+	session.KindMessage:           "not shown (the prompt is in the thread already, or came from elsewhere)",
+	session.KindTurnStarted:       "status message",
+	session.KindOutput:            "status tail; result (inline or attached)",
+	session.KindAgent:             "its text, as output",
+	session.KindApprovalRequested: "approval message with buttons (and the agent's options named)",
+	session.KindApprovalResolved:  "approval message edited",
+	session.KindTurnFinished:      "status edited; result posted (an agent's final message)",
+	session.KindSandbox:           "not shown",
+	session.KindMemberChanged:     "not shown",
+	session.KindPROpened:          "message with the link",
+	session.KindError:             "message",
+	session.KindAgentMessage:      "the turn's result: its latest message",
+	session.KindAgentThought:      "not shown",
+	session.KindToolCall:          "status tail: title and status",
+	session.KindToolCallUpdate:    "status tail: title and status",
+	session.KindPlan:              "status: progress",
+	session.KindUsage:             "not shown",
+	session.KindFilesChanged:      "not shown",
 }
 
 // turnSpan is where a turn's events are: from its turn_started event to its
@@ -197,6 +228,7 @@ func (t *thread) event(ev *session.Event, silent bool) {
 		}
 		t.turn, t.turnStart, t.by = d.Turn, ev.Seq, ev.By
 		t.out, t.outTotal, t.tail, t.waiting = nil, 0, nil, 0
+		t.final, t.plan, t.agentish, t.titles = "", "", false, nil
 		t.spans = append(t.spans, turnSpan{turn: d.Turn, start: ev.Seq})
 		if len(t.spans) > maxSpans {
 			t.spans = t.spans[1:]
@@ -218,17 +250,59 @@ func (t *thread) event(ev *session.Event, silent bool) {
 			t.output(text)
 			t.show(t.statusKey(), ev.Seq, t.status(), silent)
 		}
+	case session.KindAgentMessage:
+		var d session.AgentMessageData
+		if json.Unmarshal(ev.Data, &d) != nil || d.Turn != t.turn || t.turn == 0 {
+			return
+		}
+		t.agentish = true
+		if strings.TrimSpace(d.Text) != "" {
+			t.final = d.Text
+		}
+	case session.KindToolCall, session.KindToolCallUpdate:
+		var d session.ToolCallUpdateData // the fields both kinds share
+		if json.Unmarshal(ev.Data, &d) != nil || d.Turn != t.turn || t.turn == 0 {
+			return
+		}
+		t.agentish = true
+		t.tool(d.ID, d.Title, d.Status)
+		t.show(t.statusKey(), ev.Seq, t.status(), silent)
+	case session.KindPlan:
+		var d session.PlanData
+		if json.Unmarshal(ev.Data, &d) != nil || d.Turn != t.turn || t.turn == 0 {
+			return
+		}
+		t.agentish = true
+		done := 0
+		for _, e := range d.Entries {
+			if e.Status == "completed" {
+				done++
+			}
+		}
+		t.plan = fmt.Sprintf("%d of %d steps done", done, len(d.Entries))
+		t.show(t.statusKey(), ev.Seq, t.status(), silent)
 	case session.KindApprovalRequested:
 		var d session.ApprovalRequestedData
 		if json.Unmarshal(ev.Data, &d) != nil {
 			return
 		}
+		if d.Title != "" {
+			d.Summary = d.Title
+		}
 		a := &approval{key: "approval." + strconv.FormatInt(ev.Seq, 10), summary: d.Summary}
 		t.approvals[d.ID] = a
 		t.waiting++
 		seq := strconv.FormatInt(ev.Seq, 10)
+		var opts string
+		if len(d.Options) > 0 {
+			names := make([]string, 0, len(d.Options))
+			for _, o := range d.Options {
+				names = append(names, o.Name)
+			}
+			opts = "\nThe agent offers: " + strings.Join(names, " · ") + ". Approve allows, Deny rejects; the web UI offers each option."
+		}
 		t.show(a.key, ev.Seq, Message{
-			Text: "🔐 Approval needed: " + orNothing(d.Summary, "(no summary)") + "\nOnly drivers of the session can answer.",
+			Text: "🔐 Approval needed: " + orNothing(d.Summary, "(no summary)") + opts + "\nOnly drivers of the session can answer.",
 			Buttons: []Button{
 				{Label: "Approve", Action: ActionApprove, Value: seq, Style: StylePrimary},
 				{Label: "Deny", Action: ActionDeny, Value: seq, Style: StyleDanger},
@@ -302,6 +376,9 @@ func (t *thread) status() Message {
 	if t.waiting > 0 {
 		text = fmt.Sprintf("⏸ Waiting for approval (turn %d, asked by %s)…", t.turn, t.by)
 	}
+	if t.plan != "" {
+		text += "\nPlan: " + t.plan
+	}
 	m := Message{Text: text, Code: lastBytes(t.tail, tailBytes)}
 	if t.link != "" {
 		m.Link = &Link{Text: "Watch live in Atrium", URL: t.link}
@@ -333,7 +410,18 @@ func (t *thread) finish(seq session.Seq, d session.TurnFinishedData, silent bool
 		link = &Link{Text: "Open the session in Atrium", URL: t.link}
 	}
 	out := strings.TrimRight(string(t.out), "\n")
+	final := strings.TrimSpace(t.final)
 	switch {
+	case t.agentish && final != "" && len(final) <= maxMessageText:
+		// An agent's turn: its final message is the result.
+		t.post(resultKey, seq, Message{Text: head + ":\n\n" + final, Link: link}, silent)
+	case t.agentish && final != "":
+		content := []byte(final)
+		comment := fmt.Sprintf("%s. The agent's final message (%s) is attached.", head, size(len(content)))
+		if t.link != "" {
+			comment += " " + t.link
+		}
+		t.upload(seq, resultKey, File{Name: fmt.Sprintf("turn-%d-message.md", d.Turn), Title: "Agent's message, turn " + strconv.FormatInt(d.Turn, 10), Content: content}, comment, silent)
 	case t.outTotal == 0 || out == "":
 		t.post(resultKey, seq, Message{Text: head + ", with no output.", Link: link}, silent)
 	case t.outTotal <= t.inline:
@@ -348,22 +436,57 @@ func (t *thread) finish(seq session.Seq, d session.TurnFinishedData, silent bool
 			comment += " " + t.link
 		}
 		name := fmt.Sprintf("turn-%d-output.txt", d.Turn)
-		t.mu.Lock()
-		_, posted := t.refs[resultKey]
-		t.mu.Unlock()
-		if !posted && !silent {
-			t.q.push(&job{first: seq, last: seq, what: "upload " + resultKey, run: func(ctx context.Context) error {
-				if err := t.ch.Upload(ctx, t.th, File{Name: name, Title: "Output of turn " + strconv.FormatInt(d.Turn, 10), Content: content}, comment); err != nil {
-					return err
-				}
-				t.mu.Lock()
-				t.remember(resultKey, "uploaded")
-				t.mu.Unlock()
-				return nil
-			}})
-		}
+		t.upload(seq, resultKey, File{Name: name, Title: "Output of turn " + strconv.FormatInt(d.Turn, 10), Content: content}, comment, silent)
 	}
 	t.turn, t.turnStart, t.out, t.tail, t.outTotal = 0, 0, nil, nil, 0
+	t.final, t.plan, t.agentish, t.titles = "", "", false, nil
+}
+
+// maxMessageText is the longest agent message posted as a message; a
+// longer one is attached as a file (Telegram's limit is 4,096 characters).
+const maxMessageText = 3500
+
+// upload pushes the job that attaches file to the thread as key, once.
+func (t *thread) upload(seq session.Seq, key string, file File, comment string, silent bool) {
+	t.mu.Lock()
+	_, posted := t.refs[key]
+	t.mu.Unlock()
+	if posted || silent {
+		return
+	}
+	t.q.push(&job{first: seq, last: seq, what: "upload " + key, run: func(ctx context.Context) error {
+		if err := t.ch.Upload(ctx, t.th, file, comment); err != nil {
+			return err
+		}
+		t.mu.Lock()
+		t.remember(key, "uploaded")
+		t.mu.Unlock()
+		return nil
+	}})
+}
+
+// tool notes a tool call's title and status in the status message's tail.
+func (t *thread) tool(id, title, status string) {
+	if t.titles == nil {
+		t.titles = make(map[string]string)
+	}
+	if title != "" && len(t.titles) < 1000 {
+		t.titles[id] = title
+	} else if title = t.titles[id]; title == "" {
+		title = id
+	}
+	if status == "" {
+		return // a content-only update: nothing new to say
+	}
+	mark := map[string]string{"pending": "…", "in_progress": "⏳", "completed": "✓", "failed": "✗"}[status]
+	if mark == "" {
+		mark = "•"
+	}
+	line := mark + " " + strings.ReplaceAll(title, "\n", " ") + "\n"
+	t.tail = append(t.tail, line...)
+	if len(t.tail) > 2*tailBytes {
+		t.tail = append(t.tail[:0], t.tail[len(t.tail)-tailBytes:]...)
+	}
 }
 
 // resume shows the running turn's status again after a silent replay: the
