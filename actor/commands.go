@@ -273,14 +273,27 @@ func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command)
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "approval_id is required")))
 		return
 	}
+	// An agent's approval is answered with one of its options (agent.go).
+	opt, isAgent, err := s.agentOption(c.ApprovalID, c.OptionID, c.Allow)
+	if err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
+	if c.OptionID != "" && !isAgent {
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "approval %q has no options; answer it with allow", c.ApprovalID)))
+		return
+	}
 	turn, err := s.turns.ResolveApproval(c.ApprovalID)
 	if err != nil {
 		respond(msg, errorReply(err))
 		return
 	}
 	r, id, allow := s.runner, c.ApprovalID, c.Allow
+	if isAgent {
+		allow = allows(opt.Kind)
+	}
 	s.emit(session.KindApprovalResolved, user,
-		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: id, Allow: allow}),
+		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: id, Allow: allow, OptionID: opt.ID}),
 		func(err error) {
 			if err != nil {
 				// Not durable: the approval is still pending.
@@ -289,7 +302,7 @@ func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command)
 				return
 			}
 			if r != nil && r == s.runner {
-				r.answer(session.ApprovalAnswer{Type: "approval", ID: id, Allow: allow})
+				r.answer(session.ApprovalAnswer{Type: "approval", ID: id, Allow: allow, OptionID: opt.ID})
 			}
 			respond(msg, session.Reply{})
 		})

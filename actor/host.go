@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	proto "github.com/asynkron/protoactor-go/actor"
@@ -188,6 +189,19 @@ type Config struct {
 	// DrainGrace is how long Close lets running turns finish before it
 	// cancels them; DefaultDrainGrace if zero.
 	DrainGrace time.Duration
+
+	// Agents (actor/agent.go).
+
+	// Agents is the catalog of the ACP agents sessions may run; nil: the
+	// node runs no agents, and creating an agent session fails.
+	Agents Agents
+	// Models is the node's model gateway; nil: agents get no model
+	// endpoints.
+	Models Models
+	// ApprovalTimeout is how long an agent's permission request waits for
+	// a driver's answer before it is rejected; DefaultApprovalTimeout if
+	// zero.
+	ApprovalTimeout time.Duration
 }
 
 // Host runs the session actors of one node. Create it with New, serve with
@@ -211,6 +225,9 @@ type Host struct {
 	events  jetstream.Stream // captures events and metadata (capture.go)
 	catalog *catalogWriter
 	boxes   *sandboxes
+	agents  agentSet // the agent processes' goroutines (agent.go)
+	// serving is set while the manager takes messages (Start to Close).
+	serving atomic.Bool
 	reads   chan readJob
 	place   *nats.Subscription
 	// placeOn is the subscription to this node's own place subject
@@ -307,6 +324,9 @@ func New(cfg Config) (*Host, error) {
 	}
 	if cfg.DrainGrace <= 0 {
 		cfg.DrainGrace = DefaultDrainGrace
+	}
+	if cfg.ApprovalTimeout <= 0 {
+		cfg.ApprovalTimeout = DefaultApprovalTimeout
 	}
 	if cfg.Store != nil && cfg.WorkspaceOf == nil {
 		return nil, errors.New("new host: WorkspaceOf is required with Store")
@@ -444,6 +464,7 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start host: subscribe %s: %w", subjects, err)
 	}
 	h.started = true
+	h.serving.Store(true)
 	h.log.Info("node serving", "subject", h.cfg.Subjects.Place())
 	var rctx context.Context
 	rctx, h.stopResume = context.WithCancel(context.Background())
@@ -468,6 +489,7 @@ func (h *Host) Close(ctx context.Context) error {
 		return h.closeErr
 	}
 	h.closed = true
+	h.serving.Store(false)
 	if !h.started {
 		h.cancel(errors.New("host closed"))
 		return nil
@@ -494,6 +516,7 @@ func (h *Host) Close(ctx context.Context) error {
 		h.cancel(context.Cause(ctx))
 	}
 	h.boxes.close()
+	h.agents.close()
 	h.system.Root.Stop(h.manager)
 	<-h.managerStopped
 	h.stopWorkersLocked()

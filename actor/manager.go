@@ -84,6 +84,9 @@ func (h *Host) parsePlace(msg *nats.Msg) (*placeMsg, error) {
 				return nil, session.Errorf(session.CodeBadRequest, "unknown harness template %q", t)
 			}
 		}
+		if err := h.checkAgent(p.req.Harness.Agent); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, session.Errorf(session.CodeBadRequest, "unknown place op %q", p.req.Op)
 	}
@@ -96,6 +99,8 @@ func (m *manager) Receive(ctx proto.Context) {
 		m.route(ctx, msg)
 	case *bounced:
 		m.route(ctx, msg.m)
+	case *sessionNote:
+		m.routeNote(ctx, msg)
 	case *passivate:
 		id, ok := m.byPID[msg.pid.Id]
 		if c := m.children[id]; ok && c != nil && !c.stopping && c.pid.Equal(msg.pid) {

@@ -45,6 +45,9 @@ type box struct {
 	machine  uint64          // Config.SandboxGeneration when sb was last made ready
 	egress   []string        // the session's effective egress allowlist, set by its actor before each turn
 	opened   []string        // the egress allowlist sb was opened with
+	mounts   []compute.Mount // the agent's mounts, set by its actor before an agent turn (agent.go)
+	mounted  []compute.Mount // the mounts sb was opened with
+	agent    *agentProc      // the agent process running in sb, nil if none (agent.go)
 
 	// ---
 	awake bool        // guarded by sandboxes.mu: sb is open and not asleep
@@ -247,7 +250,7 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		b.sb, b.fence, b.born = sb, fence, h.now()
 		b.restored, b.asleep = false, false
 		changed = true
-	case b.fence < fence || !slices.Equal(b.opened, b.egress):
+	case b.fence < fence || !slices.Equal(b.opened, b.egress) || !slices.Equal(b.mounted, b.mounts):
 		// A new activation: the handle must carry its fence. Or the
 		// session's egress allowlist changed: opening again applies it.
 		sb, err := h.openSandbox(ctx, b, fence)
@@ -314,9 +317,10 @@ func (h *Host) openSandbox(ctx context.Context, b *box, fence int64) (_ compute.
 	if b.egress == nil {
 		spec.Egress = slices.Clone(h.cfg.SandboxSpec.Egress)
 	}
+	spec.Mounts = append(slices.Clone(spec.Mounts), b.mounts...)
 	sb, err := h.cfg.Provider.Open(ctx, spec)
 	if err == nil {
-		b.opened = spec.Egress
+		b.opened, b.mounted = spec.Egress, slices.Clone(b.mounts)
 	}
 	return sb, err
 }

@@ -208,6 +208,9 @@ type sessionActor struct {
 
 	// metered: counted in the node's active sessions gauge.
 	metered bool
+	// notes from the model gateway that arrived before the session was
+	// active (agent.go).
+	notes []*sessionNote
 }
 
 func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
@@ -254,6 +257,8 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 		s.onCmd(m)
 	case *shutdownSession:
 		s.onShutdown(ctx)
+	case *sessionNote:
+		s.onSessionNote(m)
 	case *selfMsg:
 		if m.inst != s {
 			s.dropStale(m.m)
@@ -309,6 +314,10 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 		s.onSandboxNote(m)
 	case *turnExited:
 		s.onTurnExited(m)
+	case *agentOpened:
+		s.onAgentOpened(m)
+	case *approvalExpired:
+		s.onApprovalExpired(m)
 	case *boxOpDone:
 		if m.op == s.op {
 			s.op = nil
@@ -769,6 +778,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.onCmd(c)
 	}
 	s.maybeStartTurn()
+	s.replayNotes()
 }
 
 func (s *sessionActor) answerWaiting() {

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/acp"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -46,6 +47,7 @@ type (
 	turnApproval struct {
 		r           *runner
 		id, summary string
+		perm        *acp.Permission // an agent's permission request (agent.go); nil for a harness's
 	}
 	// sandboxNote is a sandbox event (State set) and/or an error event
 	// (Err set) from a runner or a sandbox op.
@@ -85,8 +87,13 @@ type runner struct {
 	fence     int64 // the activation's fence; 0: acquire one
 	id        session.ID
 	turn      int64
-	input     []byte // the first stdin line
+	input     []byte // the first stdin line (or, with closeStdin, all of stdin)
 	argv, env []string
+	// closeStdin: stdin ends after input (harness "stdin":"text").
+	closeStdin bool
+	// agent is set for a turn of an agent session (agent.go): the turn is
+	// a prompt to the session's agent process instead of a harness run.
+	agent     *agentTurn
 	grace     time.Duration
 	timeout   time.Duration
 	maxOutput int64
@@ -122,6 +129,10 @@ func (r *runner) stop(req stopRequest) {
 
 // answer queues an approval answer for the harness's stdin.
 func (r *runner) answer(a session.ApprovalAnswer) {
+	if r.agent != nil {
+		r.agent.deliver(a)
+		return
+	}
 	line := append(mustMarshal(a), '\n')
 	select {
 	case r.answers <- line:
@@ -159,7 +170,12 @@ func (r *runner) note(state session.SandboxState, detail string, err *session.Er
 }
 
 func (r *runner) exec() *turnExited {
-	res := r.execHarness()
+	var res *turnExited
+	if r.agent != nil {
+		res = r.execAgent()
+	} else {
+		res = r.execHarness()
+	}
 	res.fence = r.fence
 	return res
 }
@@ -429,6 +445,10 @@ func (r *runner) writeStdin(w io.Writer, done <-chan struct{}) {
 	if _, err := w.Write(r.input); err != nil {
 		return
 	}
+	if c, ok := w.(io.Closer); ok && r.closeStdin {
+		c.Close()
+		return
+	}
 	for {
 		select {
 		case line := <-r.answers:
@@ -578,7 +598,11 @@ func (s *sessionActor) maybeStartTurn() {
 			s.turns.Finish(t.N)
 			continue
 		}
-		argv, env, err := s.harness(t)
+		var argv, env []string
+		var err error
+		if s.meta.Harness.Agent == "" {
+			argv, env, err = s.harness(t)
+		}
 		if err != nil {
 			s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)
 			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnFailed, ExitCode: -1}), nil)
@@ -591,10 +615,14 @@ func (s *sessionActor) maybeStartTurn() {
 		}
 		s.h.boxes.disarm(s.box) // A running turn is activity.
 		s.box.egress = s.h.egress.effective(s.meta.Egress)
-		input := mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By})
+		input := append(mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By}), '\n')
+		text := s.meta.Harness.Stdin == session.HarnessStdinText
+		if text {
+			input = []byte(t.Prompt.Text)
+		}
 		r := &runner{
 			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
-			input: append(input, '\n'), argv: argv, env: env,
+			input: input, argv: argv, env: env, closeStdin: text,
 			grace: s.h.cfg.CancelGrace, timeout: s.h.cfg.TurnTimeout, maxOutput: s.h.cfg.MaxTurnOutput,
 			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
 			credits: make(chan struct{}, outputCredits),
@@ -606,6 +634,9 @@ func (s *sessionActor) maybeStartTurn() {
 		r.ctx, r.cancel = context.WithCancel(tctx)
 		r.span = span
 		r.send = s.send
+		if s.meta.Harness.Agent != "" {
+			r.agent = s.agentTurn(t)
+		}
 		s.runner = r
 		s.spawn(r.run)
 	}
@@ -664,6 +695,10 @@ func (s *sessionActor) onTurnApproval(m *turnApproval) {
 		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{
 			Code: session.CodeConflict, Message: fmt.Sprintf("turn %d: %v", m.r.turn, session.AsError(err).Message),
 		}), release)
+		return
+	}
+	if m.perm != nil {
+		s.agentApproval(m, release)
 		return
 	}
 	s.emit(session.KindApprovalRequested, session.BySystem,

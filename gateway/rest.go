@@ -17,18 +17,27 @@ const (
 	MaxEventsLimit     = 1000
 )
 
-// createSession serves POST /v1/sessions {"title"?,"harness"?,"egress"?} →
-// 201 Session. egress (an extension) is the session's own egress allowlist,
-// which the node checks against its sandbox.egress_permit.
+// createSession serves POST /v1/sessions {"title"?,"harness"?,"agent"?,"egress"?}
+// → 201 Session. agent names an ACP agent (the same as "harness":{"agent":…});
+// egress (an extension) is the session's own egress allowlist, which the node
+// checks against its sandbox.egress_permit.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	var body struct {
 		Title   string          `json:"title"`
 		Harness session.Harness `json:"harness"`
+		Agent   string          `json:"agent"`
 		Egress  []string        `json:"egress"`
 	}
 	if err := decodeBody(w, r, &body, true); err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if body.Agent != "" {
+		if body.Harness.Agent != "" && body.Harness.Agent != body.Agent {
+			s.fail(w, r, session.Errorf(session.CodeBadRequest, `"agent" and "harness":{"agent"} name different agents`))
+			return
+		}
+		body.Harness.Agent = body.Agent
 	}
 	if len(body.Title) > session.MaxTitleBytes {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes))
@@ -73,6 +82,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 	e.Session = string(sess.ID)
 	if body.Harness.Template != "" {
 		e.Detail = "harness template " + body.Harness.Template
+	} else if body.Harness.Agent != "" {
+		e.Detail = "agent " + body.Harness.Agent
 	} else if len(body.Harness.Command) > 0 {
 		e.Detail = "harness command"
 	}
@@ -192,23 +203,25 @@ func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request, p session.Pr
 	writeRawJSON(w, http.StatusAccepted, []byte("{}\n"))
 }
 
-// approve serves POST /v1/sessions/{id}/approvals/{aid} {"allow":bool} → 202.
+// approve serves POST /v1/sessions/{id}/approvals/{aid} {"allow":bool} or
+// {"option_id"} (one of an agent's options) → 202.
 func (s *Server) approve(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
 	aid := r.PathValue("aid")
 	var body struct {
-		Allow *bool `json:"allow"`
+		Allow    *bool  `json:"allow"`
+		OptionID string `json:"option_id"`
 	}
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if body.Allow == nil {
-		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "allow": true or false`))
+	if body.Allow == nil && body.OptionID == "" {
+		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "allow": true or false, or an agent's "option_id"`))
 		return
 	}
 	if _, err := s.do(r, p, id, session.ActDrive, session.Command{
-		Op: session.OpApprove, ApprovalID: aid, Allow: *body.Allow,
+		Op: session.OpApprove, ApprovalID: aid, Allow: body.Allow != nil && *body.Allow, OptionID: body.OptionID,
 	}); err != nil {
 		s.fail(w, r, err)
 		return

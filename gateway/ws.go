@@ -329,11 +329,11 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 	case session.FrameCancel:
 		cmd = session.Command{Op: session.OpCancel}
 	case session.FrameApprove:
-		if f.ID == "" || f.Allow == nil {
-			c.reply(errorFrame(session.Errorf(session.CodeBadRequest, `approve needs "id" and "allow"`), cid))
+		if f.ID == "" || (f.Allow == nil && f.OptionID == "") {
+			c.reply(errorFrame(session.Errorf(session.CodeBadRequest, `approve needs "id" and "allow" (or an agent's "option_id")`), cid))
 			return
 		}
-		cmd = session.Command{Op: session.OpApprove, ApprovalID: f.ID, Allow: *f.Allow}
+		cmd = session.Command{Op: session.OpApprove, ApprovalID: f.ID, Allow: f.Allow != nil && *f.Allow, OptionID: f.OptionID}
 	}
 	if c.cmds == nil {
 		c.cmds = newCommander(c)

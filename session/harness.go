@@ -19,6 +19,9 @@ type ApprovalAnswer struct {
 	Type  string `json:"type"` // "approval"
 	ID    string `json:"id"`
 	Allow bool   `json:"allow"`
+	// OptionID is the chosen option of an agent's approval; never set
+	// on a harness's stdin.
+	OptionID string `json:"option_id,omitempty"`
 }
 
 // HarnessLine is a parsed stdout line.

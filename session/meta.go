@@ -19,6 +19,10 @@ type Meta struct {
 	// Egress is the session's own egress allowlist, normalized; the node
 	// adds it to its default allowlist when it opens the session's sandbox.
 	Egress []string `json:"egress,omitempty"`
+	// AgentSession is the ACP session id of the session's agent (DESIGN
+	// §6 "Agents"), so a new agent process can session/load it after
+	// sleep, hibernation or a takeover; "" before the first agent turn.
+	AgentSession string `json:"agent_session,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

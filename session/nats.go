@@ -132,10 +132,14 @@ type Command struct {
 	ClientID   string `json:"client_id,omitempty"`
 	ApprovalID string `json:"approval_id,omitempty"`
 	Allow      bool   `json:"allow,omitempty"`
-	User       string `json:"user,omitempty"`
-	Role       Role   `json:"role,omitempty"`
-	After      Seq    `json:"after,omitempty"`
-	Limit      int    `json:"limit,omitempty"`
+	// OptionID, on OpApprove, is the chosen option of an agent's
+	// approval; without it Allow picks the first allow_once or
+	// reject_once option.
+	OptionID string `json:"option_id,omitempty"`
+	User     string `json:"user,omitempty"`
+	Role     Role   `json:"role,omitempty"`
+	After    Seq    `json:"after,omitempty"`
+	Limit    int    `json:"limit,omitempty"`
 	// MaxBytes bounds the encoded size of a history reply's events; the
 	// owner stops early (More=true) rather than exceed it.
 	MaxBytes int `json:"max_bytes,omitempty"`

@@ -108,6 +108,9 @@ type ClientFrame struct {
 	ClientID string `json:"client_id,omitempty"`
 	ID       string `json:"id,omitempty"`
 	Allow    *bool  `json:"allow,omitempty"`
+	// OptionID answers an agent's approval with one of its options
+	// (approval_requested.options); it may replace Allow.
+	OptionID string `json:"option_id,omitempty"`
 }
 
 // ErrorBody is the body of a REST error response.

@@ -20,6 +20,8 @@ func newNewCmd(env *cliEnv) *cobra.Command {
 		title   string
 		harness string
 		command string
+		agent   string
+		stdin   string
 		egress  []string
 		asJSON  bool
 	)
@@ -31,16 +33,27 @@ func newNewCmd(env *cliEnv) *cobra.Command {
 The harness is what runs once per turn in the session's sandbox: a template
 the server defines (--harness; the default template is 'shell', which runs
 each prompt with bash), or a command of your own (--command, as a JSON array
-or a shell-style string). The harness contract is in DESIGN.md §6.`,
+or a shell-style string). A command reads its turn as a JSON line on stdin,
+or with --stdin text the prompt alone and then end of input. The harness
+contract is in DESIGN.md §6.
+
+With --agent, turns run a coding agent instead (claude, codex, gemini,
+opencode: see 'atrium agents ls'), one process that keeps the conversation
+across turns.`,
 		Example: `  atrium new --title "fix the flaky test"
   ID=$(atrium new --title demo) && atrium send "$ID" 'ls -la' --wait
   atrium new --command '["python3","-u","agent.py"]'
   atrium new --egress github.com --egress '*.npmjs.org'
-  atrium new --command 'claude -p --output-format stream-json' --json`,
+  atrium new --agent claude --title "fix the flaky test"
+  atrium new --command 'python3 -u summarize.py' --stdin text --json`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := client.CreateRequest{Title: title, Egress: egress}
 			switch {
+			case agent != "" && (harness != "" || command != ""):
+				return usageError(cmd, "give --agent, --harness or --command, not several")
+			case agent != "":
+				req.Harness.Agent = agent
 			case harness != "" && command != "":
 				return usageError(cmd, "give --harness or --command, not both")
 			case harness != "":
@@ -51,6 +64,13 @@ or a shell-style string). The harness contract is in DESIGN.md §6.`,
 					return usageError(cmd, "--command: %v", err)
 				}
 				req.Harness.Command = argv
+			}
+			if stdin != "" && (agent != "" || command == "" && harness == "") {
+				return usageError(cmd, "--stdin applies to a --command or --harness")
+			}
+			req.Harness.Stdin = stdin
+			if err := req.Harness.Validate(); err != nil {
+				return usageError(cmd, "%s", session.AsError(err).Message)
 			}
 			if len(title) > session.MaxTitleBytes {
 				return usageError(cmd, "--title is longer than %d bytes", session.MaxTitleBytes)
@@ -76,6 +96,8 @@ or a shell-style string). The harness contract is in DESIGN.md §6.`,
 	f.StringArrayVar(&egress, "egress", nil, "a host the sandbox may reach (repeat; the server's sandbox.egress_permit must cover it)")
 	f.StringVar(&harness, "harness", "", "harness template name (default: the server's default, 'shell')")
 	f.StringVar(&command, "command", "", `harness command: a JSON array ('["prog","arg"]') or a shell-style string ('prog arg')`)
+	f.StringVar(&agent, "agent", "", "run a coding agent over ACP (claude, codex, gemini, opencode, or one from the server's config)")
+	f.StringVar(&stdin, "stdin", "", `how a harness gets its turn: "json" (default) or "text" (the prompt alone, then end of input)`)
 	f.BoolVar(&asJSON, "json", false, "print the created session as JSON")
 	return cmd
 }

@@ -124,6 +124,7 @@ type Client struct {
 	prompt   *promptState            // guarded by mu: the prompt in progress, nil between prompts
 	promptID int64                   // guarded by mu: the JSON-RPC id of prompt's request
 	ignored  int                     // guarded by mu: updates received outside a prompt (replays)
+	lastIgn  time.Time               // guarded by mu: when the last of them arrived
 	sessID   string                  // guarded by mu: the ACP session
 
 	// Owned by the read loop.
@@ -256,9 +257,19 @@ func (c *Client) NewSession(ctx context.Context, cwd string, mcp []MCPServer) (s
 	return res.SessionID, nil
 }
 
+// Replay settling: after a load, the client waits until the agent has sent
+// no update for replayQuiet (at most replayMax) before it returns, so the
+// replay that some agents continue after answering the load (Gemini CLI
+// 0.61) is not taken for the first prompt's answer.
+const (
+	replayQuiet = 150 * time.Millisecond
+	replayMax   = 5 * time.Second
+)
+
 // LoadSession opens the ACP session id from before. The agent replays the
 // conversation as updates; the client records none of them (nor anything
-// else the agent sends before the next Prompt).
+// else the agent sends before the next Prompt), and returns once the
+// replay has gone quiet.
 func (c *Client) LoadSession(ctx context.Context, id, cwd string, mcp []MCPServer) error {
 	if mcp == nil {
 		mcp = []MCPServer{}
@@ -269,7 +280,36 @@ func (c *Client) LoadSession(ctx context.Context, id, cwd string, mcp []MCPServe
 	c.mu.Lock()
 	c.sessID = id
 	c.mu.Unlock()
+	c.settle(ctx)
 	return nil
+}
+
+// settle waits until no update has arrived for replayQuiet, replayMax at
+// most, ctx or the connection ending first.
+func (c *Client) settle(ctx context.Context) {
+	limit := time.NewTimer(replayMax)
+	defer limit.Stop()
+	for {
+		c.mu.Lock()
+		quietFor := time.Since(c.lastIgn)
+		c.mu.Unlock()
+		if quietFor >= replayQuiet {
+			return
+		}
+		t := time.NewTimer(replayQuiet - quietFor)
+		select {
+		case <-t.C:
+		case <-limit.C:
+			t.Stop()
+			return
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-c.done:
+			t.Stop()
+			return
+		}
+	}
 }
 
 // Stop reasons of a prompt (ACP StopReason).
@@ -581,6 +621,7 @@ func (c *Client) handleNotification(m message) {
 	p := c.prompt
 	if p == nil {
 		c.ignored++
+		c.lastIgn = time.Now()
 	}
 	c.mu.Unlock()
 	if p == nil {

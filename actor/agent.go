@@ -1,0 +1,990 @@
+package actor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	proto "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/acp"
+	"github.com/atriumhq/atrium/session"
+)
+
+// The agent runtime (DESIGN §6 "Agents: ACP, one process per awake
+// sandbox"): a session whose harness names an agent runs it as one ACP agent
+// process in its sandbox, kept across turns in the session's box (so it
+// outlives the actor's hibernation, and dies with the sandbox). Each turn is
+// one session/prompt, driven by the turn's runner (execAgent); the ACP
+// client (compute/acp) maps what the agent reports to agent events, which
+// take the same commit path, with the same credits, as a harness's.
+
+// Agents is the node's catalog of ACP agents (compute/agents implements it).
+type Agents interface {
+	// Check returns nil if agent name can run on this node, else an error
+	// matching session.ErrBadRequest that says what to do, such as
+	// "agent claude is not installed on this node; run: atrium agents
+	// install claude".
+	Check(name string) error
+	// Launch returns how to start agent name for session sess, reaching
+	// its models through ep (ep.Token is the process's model token; ep is
+	// zero without a model gateway). It errs like Check.
+	Launch(name string, sess session.ID, ep compute.ModelEndpoints) (AgentLaunch, error)
+}
+
+// AgentLaunch is how to start one agent process.
+type AgentLaunch struct {
+	// Argv and Env are the command and its environment inside the
+	// sandbox (Env may hold the model token: never logged).
+	Argv []string
+	Env  []string
+	// Mounts are bound into the sandbox: the agent's programs (read-only)
+	// and the session's agent home.
+	Mounts []compute.Mount
+	// LoadSession says the agent's session/load works on this node (its
+	// home, where it keeps its sessions, persists); the agent must also
+	// advertise loadSession.
+	LoadSession bool
+	// Authenticate is the ACP auth method to call after initialize; ""
+	// for none.
+	Authenticate string
+}
+
+// Models is the node's model gateway (compute/modelgw implements it): it
+// issues the scoped tokens agent processes present as their API key.
+type Models interface {
+	// Issue returns a new token for one agent process of session id.
+	Issue(id session.ID, tenant string) string
+	// Activate lets token reach the models for turn (usage is attributed
+	// to it); the gateway refuses a token outside a running turn.
+	Activate(token string, turn int64, user string) error
+	// Deactivate ends the turn of token.
+	Deactivate(token string)
+	// Revoke forgets token; its process has stopped.
+	Revoke(token string)
+	// Endpoints are the base URLs an agent in a sandbox uses.
+	Endpoints() compute.ModelEndpoints
+}
+
+// Bounds of the agent runtime.
+const (
+	// DefaultApprovalTimeout is how long an agent's permission request
+	// waits for a driver before it is rejected.
+	DefaultApprovalTimeout = 15 * time.Minute
+	// agentOpenTimeout bounds session/new and session/load.
+	agentOpenTimeout = 2 * time.Minute
+	// stderrTail is how much of an agent's stderr is kept, to say why it
+	// died.
+	stderrTail = 4 << 10
+	// transcriptBytes bounds the transcript that re-hydrates a new agent
+	// process; transcriptEntry bounds one entry of it.
+	transcriptBytes = 32 << 10
+	transcriptEntry = 2 << 10
+	// agentCwd is where agents work.
+	agentCwd = "/workspace"
+)
+
+// agentProc is one agent process in a session's sandbox with its ACP
+// connection. It lives in the session's box; the runner of a turn uses it.
+type agentProc struct {
+	proc   compute.Process
+	client *acp.Client
+	token  string // its model token; "" without a model gateway
+
+	// Set by the runner that opened it; read by later runners (the box
+	// lends it to one at a time).
+	acpSession string
+	stale      bool // must not serve another prompt: killed at the next turn
+
+	mu   sync.Mutex
+	tail []byte // guarded by mu: the last stderrTail bytes of stderr
+
+	exited chan struct{} // closed once the process has exited and its token is revoked
+	exit   compute.Exit  // set before exited closes
+}
+
+// dead reports whether the process has exited or its output ended.
+func (p *agentProc) dead() bool {
+	select {
+	case <-p.exited:
+		return true
+	case <-p.client.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *agentProc) stderr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.ToValidUTF8(strings.TrimSpace(string(p.tail)), "?")
+}
+
+// kill kills the process and everything it started, and waits until it has
+// exited.
+func (p *agentProc) kill() {
+	_ = p.proc.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// agentSet owns the goroutines of the node's agent processes, so that Close
+// kills what is left and waits for them.
+type agentSet struct {
+	mu     sync.Mutex
+	procs  map[*agentProc]bool // guarded by mu
+	closed bool                // guarded by mu
+	wg     sync.WaitGroup
+}
+
+// close kills every agent process still running and waits for their
+// goroutines.
+func (a *agentSet) close() {
+	a.mu.Lock()
+	a.closed = true
+	procs := make([]*agentProc, 0, len(a.procs))
+	for p := range a.procs {
+		procs = append(procs, p)
+	}
+	a.mu.Unlock()
+	for _, p := range procs {
+		_ = p.proc.Signal(syscall.SIGKILL)
+	}
+	a.wg.Wait()
+}
+
+// startAgent starts an agent process in b's sandbox and its ACP client. Its
+// goroutines read stderr and wait for the process; when it exits, its model
+// token is revoked.
+func (h *Host) startAgent(ctx context.Context, b *box, launch AgentLaunch, token string, log *slog.Logger) (*agentProc, error) {
+	h.agents.mu.Lock()
+	closed := h.agents.closed
+	h.agents.mu.Unlock()
+	if closed {
+		return nil, session.Errorf(session.CodeUnavailable, "the node is shutting down")
+	}
+	proc, err := b.sb.Exec(ctx, compute.ExecRequest{Argv: launch.Argv, Env: launch.Env, Dir: agentCwd})
+	if err != nil {
+		return nil, err
+	}
+	p := &agentProc{proc: proc, token: token, exited: make(chan struct{})}
+	p.client = acp.Start(proc.Stdin(), proc.Stdout(), acp.Config{Logger: log.With("agent_pid", fmt.Sprintf("%p", p))})
+	h.agents.mu.Lock()
+	if h.agents.procs == nil {
+		h.agents.procs = map[*agentProc]bool{}
+	}
+	h.agents.procs[p] = true
+	h.agents.mu.Unlock()
+	stderrDone := make(chan struct{})
+	h.agents.wg.Go(func() {
+		defer close(stderrDone)
+		buf := make([]byte, 4096)
+		for {
+			n, err := proc.Stderr().Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				p.tail = append(p.tail, buf[:n]...)
+				if len(p.tail) > stderrTail {
+					p.tail = p.tail[len(p.tail)-stderrTail:]
+				}
+				p.mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	h.agents.wg.Go(func() {
+		<-p.client.Done()
+		// An agent whose output ended is of no use: make sure nothing of
+		// it is left.
+		_ = proc.Signal(syscall.SIGKILL)
+		_ = proc.Stdin().Close()
+		<-stderrDone
+		p.client.Wait()
+		exit, err := proc.Wait()
+		if err != nil {
+			exit = compute.Exit{Code: -1, Detail: err.Error()}
+		}
+		p.exit = exit
+		if token != "" && h.cfg.Models != nil {
+			h.cfg.Models.Revoke(token)
+		}
+		h.agents.mu.Lock()
+		delete(h.agents.procs, p)
+		h.agents.mu.Unlock()
+		close(p.exited)
+	})
+	return p, nil
+}
+
+// agentTurn is what a runner needs to run one turn of an agent session.
+type agentTurn struct {
+	name       string
+	tenant     string
+	user       string
+	prompt     string
+	promptSeq  session.Seq
+	acpSession string  // the session's ACP session from its metadata
+	hist       History // read for re-hydration; the actor keeps it open while the turn runs
+	timeout    time.Duration
+	publish    func(session.DeltaFrame)
+
+	mu      sync.Mutex
+	waiters map[string]chan session.ApprovalAnswer // guarded by mu: permission requests waiting for an answer
+	nperm   int                                    // guarded by mu
+
+	// options are the options of the turn's pending approvals, by id;
+	// owned by the session actor.
+	options map[string][]session.ApprovalOption
+}
+
+// deliver hands a driver's (or the timeout's) answer to the waiting
+// permission request.
+func (a *agentTurn) deliver(ans session.ApprovalAnswer) {
+	a.mu.Lock()
+	ch := a.waiters[ans.ID]
+	a.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- ans:
+		default:
+		}
+	}
+}
+
+// Messages from an agent runner to its session actor (inside selfMsg).
+type (
+	// agentOpened: the runner opened a new ACP session, to keep in the
+	// metadata.
+	agentOpened struct {
+		r  *runner
+		id string
+	}
+	// approvalExpired: nobody answered approval id in time.
+	approvalExpired struct {
+		r  *runner
+		id string
+	}
+)
+
+// execAgent runs one turn of an agent session: it makes the sandbox and the
+// agent process ready (starting and opening or loading its ACP session when
+// there is none), sends the prompt and waits for the stop reason, obeying
+// cancel and the turn timeout.
+func (r *runner) execAgent() *turnExited {
+	a, b, h := r.agent, r.box, r.h
+	if r.fence == 0 {
+		f, err := h.acquireFence(r.ctx, r.id)
+		if err != nil {
+			msg := "the sandbox could not be provisioned: " + err.Error()
+			r.note("", "", &session.ErrorData{Code: session.CodeUnavailable, Message: msg})
+			return &turnExited{status: session.TurnFailed, code: -1, reason: msg}
+		}
+		r.fence = f
+	}
+	// A sandbox that is new, asleep or about to be replaced has no live
+	// agent; one that was cancelled or failed is stopped now.
+	fresh := b.sb == nil || b.asleep || h.expired(b)
+	if p := b.agent; p != nil && (fresh || p.stale || p.dead()) {
+		p.kill()
+		b.agent = nil
+	}
+	var launch AgentLaunch
+	token := ""
+	if b.agent == nil {
+		ep := compute.ModelEndpoints{}
+		if h.cfg.Models != nil {
+			ep = h.cfg.Models.Endpoints()
+			token = h.cfg.Models.Issue(r.id, a.tenant)
+			ep.Token = token
+		}
+		var err error
+		if h.cfg.Agents == nil {
+			err = session.Errorf(session.CodeBadRequest, "this node runs no agents (no agent catalog is configured)")
+		} else {
+			launch, err = h.cfg.Agents.Launch(a.name, r.id, ep)
+		}
+		if err != nil {
+			r.revoke(token)
+			return agentFailed(session.AsError(err).Code, session.AsError(err).Message)
+		}
+		b.mounts = launch.Mounts
+	}
+	if err := h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
+		r.revoke(token)
+		return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
+	}
+	select {
+	case req := <-r.stops:
+		r.revoke(token)
+		return r.stoppedBeforeStart(req)
+	default:
+	}
+	b.dirty = true
+	rehydrate := false
+	if b.agent == nil {
+		p, err := h.startAgent(r.ctx, b, launch, token, r.log)
+		if err != nil {
+			r.revoke(token)
+			if sandboxGone(err) {
+				return r.lost("the sandbox is gone: " + err.Error() + "; the next turn gets a fresh sandbox with the last saved workspace")
+			}
+			return agentFailed(session.CodeBadRequest, "the agent could not be started: "+err.Error())
+		}
+		b.agent = p
+		var stop *stopRequest
+		stop, rehydrate, err = r.openAgent(p, launch)
+		if stop != nil || err != nil {
+			p.stale = true
+			p.kill()
+			b.agent = nil
+			if stop != nil {
+				return r.stoppedBeforeStart(*stop)
+			}
+			msg := err.Error()
+			if tail := p.stderr(); tail != "" {
+				msg += "; the agent's stderr ends with: " + tail
+			}
+			return agentFailed(session.CodeUnavailable, msg)
+		}
+	}
+	res := r.promptAgent(b.agent, rehydrate)
+	if !res.lost {
+		if err := h.saveBox(r.ctx, b); err != nil {
+			res.errors = append(res.errors, *saveError(err))
+		}
+	}
+	return res.turnExited
+}
+
+// checkAgent refuses to create a session with an agent this node cannot
+// run.
+func (h *Host) checkAgent(name string) error {
+	if name == "" {
+		return nil
+	}
+	if h.cfg.Agents == nil {
+		return session.Errorf(session.CodeBadRequest, "agent %s cannot run here: this node has no agent catalog configured", name)
+	}
+	if err := h.cfg.Agents.Check(name); err != nil {
+		if errors.Is(err, session.ErrBadRequest) || errors.Is(err, session.ErrNotFound) {
+			return session.Errorf(session.CodeBadRequest, "%s", session.AsError(err).Message)
+		}
+		return session.Errorf(session.CodeBadRequest, "agent %s: %v", name, err)
+	}
+	return nil
+}
+
+// revoke revokes a token whose process never started.
+func (r *runner) revoke(token string) {
+	if token != "" && r.h.cfg.Models != nil {
+		r.h.cfg.Models.Revoke(token)
+	}
+}
+
+func agentFailed(code session.Code, msg string) *turnExited {
+	return &turnExited{status: session.TurnFailed, code: -1, reason: msg, errors: []session.ErrorData{{Code: code, Message: msg}}}
+}
+
+// during runs f with a context that a stop request cancels; it returns the
+// stop request if one came.
+func (r *runner) during(f func(ctx context.Context) error) (*stopRequest, error) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	r.wg.Go(func() { done <- f(ctx) })
+	var stop *stopRequest
+	for {
+		select {
+		case err := <-done:
+			return stop, err
+		case req := <-r.stops:
+			if stop == nil {
+				stop = &req
+				cancel()
+			}
+		}
+	}
+}
+
+// openAgent initializes a new agent process and loads the session's ACP
+// session, or opens a new one; rehydrate says the prompt must carry the
+// transcript of earlier turns.
+func (r *runner) openAgent(p *agentProc, launch AgentLaunch) (stop *stopRequest, rehydrate bool, err error) {
+	a := r.agent
+	stop, err = r.during(func(ctx context.Context) error {
+		info, err := p.client.Initialize(ctx)
+		if err != nil {
+			return fmt.Errorf("the agent did not start: %w", err)
+		}
+		if launch.Authenticate != "" {
+			if err := p.client.Authenticate(ctx, launch.Authenticate); err != nil {
+				return fmt.Errorf("the agent could not authenticate: %w", err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(ctx, agentOpenTimeout)
+		defer cancel()
+		if a.acpSession != "" && info.Capabilities.LoadSession && launch.LoadSession {
+			err := p.client.LoadSession(ctx, a.acpSession, agentCwd, nil)
+			if err == nil {
+				p.acpSession = a.acpSession
+				return nil
+			}
+			if ctx.Err() != nil || p.dead() {
+				return fmt.Errorf("the agent could not load its session: %w", err)
+			}
+			r.log.Info("agent session not loaded; re-hydrating a new one", "turn", r.turn, "err", err)
+		}
+		id, err := p.client.NewSession(ctx, agentCwd, nil)
+		if err != nil {
+			return fmt.Errorf("the agent could not open a session: %w", err)
+		}
+		p.acpSession = id
+		rehydrate = r.turn > 1
+		r.send(&agentOpened{r: r, id: id})
+		return nil
+	})
+	return stop, rehydrate, err
+}
+
+// agentResult is a turnExited and whether the sandbox was lost.
+type agentResult struct {
+	*turnExited
+	lost bool
+}
+
+// promptAgent sends the turn's prompt to p and waits for its answer.
+func (r *runner) promptAgent(p *agentProc, rehydrate bool) agentResult {
+	a, h := r.agent, r.h
+	text := a.prompt
+	if rehydrate {
+		if t := r.transcript(); t != "" {
+			text = t + text
+		}
+	}
+	if h.cfg.Models != nil && p.token != "" {
+		if err := h.cfg.Models.Activate(p.token, r.turn, a.user); err != nil {
+			e := session.AsError(err)
+			return agentResult{turnExited: agentFailed(e.Code, "the agent may not reach its model: "+e.Message)}
+		}
+		defer h.cfg.Models.Deactivate(p.token)
+	}
+	sink := &agentSink{r: r}
+	type prompted struct {
+		stop string
+		err  error
+	}
+	done := make(chan prompted, 1)
+	pctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	r.wg.Go(func() {
+		stop, err := p.client.Prompt(pctx, r.turn, text, sink)
+		done <- prompted{stop, err}
+	})
+	timeout := time.NewTimer(r.timeout)
+	defer timeout.Stop()
+	r.timeoutC = timeout.C
+	var res prompted
+	ctxDone := r.ctx.Done()
+	stopAgent := func(req stopRequest) {
+		if r.stopping.status != "" {
+			r.stopping.shutdown = r.stopping.shutdown || req.shutdown
+			return
+		}
+		r.stopping = req
+		if err := p.client.Cancel(); err != nil {
+			r.log.Debug("session/cancel", "turn", r.turn, "err", err)
+		}
+		r.killC = time.After(r.grace)
+	}
+wait:
+	for {
+		select {
+		case res = <-done:
+			break wait
+		case req := <-r.stops:
+			stopAgent(req)
+		case <-r.timeoutC:
+			r.timeoutC = nil
+			stopAgent(stopRequest{status: session.TurnTimeout})
+		case <-r.killC:
+			r.killC = nil
+			_ = p.proc.Signal(syscall.SIGKILL)
+		case <-ctxDone:
+			ctxDone = nil
+			r.abandoned = true
+			_ = p.proc.Signal(syscall.SIGKILL)
+		}
+	}
+	out := &turnExited{status: session.TurnOK}
+	switch {
+	case r.stopping.status != "":
+		// Whatever the agent answered, every process of the turn stops,
+		// and the next turn gets a restarted agent that loads the
+		// session (agents answer stale replies, or keep the cancelled
+		// command running, after a cancel).
+		out.status, out.code = r.stopping.status, -1
+		if r.stopping.shutdown {
+			out.errors = append(out.errors, shutdownError())
+		}
+		p.stale = true
+		p.kill()
+		r.box.agent = nil
+	case r.abandoned:
+		out.status, out.code = session.TurnCancelled, -1
+		p.stale = true
+	case res.err != nil && (errors.Is(res.err, acp.ErrClosed) || p.dead()):
+		p.stale = true
+		select {
+		case <-p.exited:
+		case <-time.After(r.grace):
+			p.kill()
+		}
+		r.box.agent = nil
+		if p.exit.Lost {
+			return agentResult{turnExited: r.lost(p.exit.Detail), lost: true}
+		}
+		msg := "the agent exited during the turn"
+		if p.exit.Detail != "" {
+			msg += " (" + p.exit.Detail + ")"
+		}
+		if tail := p.stderr(); tail != "" {
+			msg += "; its stderr ends with: " + tail
+		}
+		msg += "; the next prompt starts it again"
+		out = agentFailed(session.CodeUnavailable, msg)
+	case res.err != nil:
+		out = agentFailed(session.CodeUnavailable, "the agent failed the prompt: "+res.err.Error())
+	default:
+		status, reason := acp.Outcome(res.stop)
+		out.status = status
+		if status != session.TurnOK {
+			out.code = -1
+		}
+		if status == session.TurnFailed {
+			out.reason = reason
+			out.errors = append(out.errors, session.ErrorData{Code: session.CodeUnavailable, Message: reason})
+		}
+		if status == session.TurnCancelled {
+			p.stale = true
+		}
+	}
+	return agentResult{turnExited: out}
+}
+
+// transcript returns the earlier turns of the session as text for a new
+// agent process that could not load its session (DESIGN §6 re-hydration):
+// prompts, final agent messages, tool call titles and outcomes, most recent
+// kept when it is too long.
+func (r *runner) transcript() string {
+	a := r.agent
+	if a.hist == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, openTimeout)
+	defer cancel()
+	var entries []string
+	size := 0
+	tools := map[string]int{} // tool call id → entry index
+	add := func(s string) {
+		s = strings.TrimSpace(s)
+		if len(s) > transcriptEntry {
+			s = truncateText(s, transcriptEntry)
+		}
+		entries = append(entries, s)
+		size += len(s) + 1
+	}
+	after := session.Seq(0)
+	for after < a.promptSeq-1 {
+		evs, more, err := a.hist.Range(ctx, after, maxHistoryLimit, session.DefaultHistoryMaxBytes)
+		if err != nil {
+			r.log.Warn("read history for re-hydration", "err", err)
+			break
+		}
+		for _, raw := range evs {
+			var ev struct {
+				Seq  session.Seq     `json:"seq"`
+				Kind session.Kind    `json:"kind"`
+				By   string          `json:"by"`
+				Data json.RawMessage `json:"data"`
+			}
+			if json.Unmarshal(raw, &ev) != nil {
+				continue
+			}
+			after = ev.Seq
+			if ev.Seq >= a.promptSeq {
+				break
+			}
+			switch ev.Kind {
+			case session.KindMessage:
+				var d session.MessageData
+				_ = json.Unmarshal(ev.Data, &d)
+				add(fmt.Sprintf("User %s: %s", ev.By, d.Text))
+			case session.KindAgentMessage:
+				var d session.AgentMessageData
+				_ = json.Unmarshal(ev.Data, &d)
+				add("Agent: " + d.Text)
+			case session.KindToolCall:
+				var d session.ToolCallData
+				_ = json.Unmarshal(ev.Data, &d)
+				tools[d.ID] = len(entries)
+				add(fmt.Sprintf("Tool call (%s): %s [%s]", d.Kind, d.Title, d.Status))
+			case session.KindToolCallUpdate:
+				var d session.ToolCallUpdateData
+				_ = json.Unmarshal(ev.Data, &d)
+				if i, ok := tools[d.ID]; ok && d.Status != "" && i < len(entries) {
+					if j := strings.LastIndex(entries[i], " ["); j >= 0 {
+						entries[i] = entries[i][:j] + " [" + d.Status + "]"
+					}
+				}
+			case session.KindTurnFinished:
+				var d session.TurnFinishedData
+				_ = json.Unmarshal(ev.Data, &d)
+				if d.Status != session.TurnOK {
+					add(fmt.Sprintf("(turn %d ended %s)", d.Turn, d.Status))
+				}
+			}
+		}
+		if !more || len(evs) == 0 {
+			break
+		}
+	}
+	for size > transcriptBytes && len(entries) > 1 {
+		size -= len(entries[0]) + 1
+		entries = entries[1:]
+	}
+	if len(entries) == 0 {
+		return ""
+	}
+	return "[Atrium: your process was restarted and could not load this conversation. Transcript of its earlier turns:]\n" +
+		strings.Join(entries, "\n") + "\n[End of the transcript. The new request follows.]\n\n"
+}
+
+// truncateText cuts s to n bytes on a rune boundary with the marker.
+func truncateText(s string, n int) string {
+	cut := max(n-len(session.TruncatedMarker), 0)
+	for cut > 0 && cut < len(s) && (s[cut]&0xC0) == 0x80 {
+		cut--
+	}
+	return s[:cut] + session.TruncatedMarker
+}
+
+// agentSink receives what the agent reports during a prompt (acp.Sink):
+// deltas are published at once, events take credits like a harness's.
+type agentSink struct {
+	r *runner
+
+	mu      sync.Mutex
+	total   int64 // guarded by mu: event bytes of the turn
+	discard bool  // guarded by mu: over MaxTurnOutput
+}
+
+var _ acp.Sink = (*agentSink)(nil)
+
+func (s *agentSink) Delta(d session.DeltaFrame) { s.r.agent.publish(d) }
+
+func (s *agentSink) Event(kind session.Kind, data json.RawMessage) {
+	if !s.count(len(data)) {
+		return
+	}
+	s.emit(kind, data)
+}
+
+func (s *agentSink) Problem(msg string) {
+	s.emit(session.KindError, mustMarshal(session.ErrorData{Code: session.CodeInternal, Message: msg}))
+}
+
+// count adds n event bytes; past MaxTurnOutput it logs one error and
+// reports false from then on.
+func (s *agentSink) count(n int) bool {
+	s.mu.Lock()
+	if s.discard {
+		s.mu.Unlock()
+		return false
+	}
+	if s.total+int64(n) <= s.r.maxOutput {
+		s.total += int64(n)
+		s.mu.Unlock()
+		return true
+	}
+	s.discard = true
+	s.mu.Unlock()
+	s.emit(session.KindError, mustMarshal(session.ErrorData{
+		Code: session.CodePayloadTooLarge,
+		Message: fmt.Sprintf("the output limit of %d bytes was reached; the rest of turn %d's agent events were discarded",
+			s.r.maxOutput, s.r.turn),
+	}))
+	return false
+}
+
+// emit sends one event to the actor once a credit is free.
+func (s *agentSink) emit(kind session.Kind, data json.RawMessage) {
+	if s.acquire(s.r.ctx) {
+		s.r.send(&turnEvent{r: s.r, kind: kind, data: data})
+	}
+}
+
+func (s *agentSink) acquire(ctx context.Context) bool {
+	select {
+	case <-s.r.credits:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Permission turns a permission request into an approval and waits for a
+// driver's option, or for the approval timeout (the actor then rejects it).
+func (s *agentSink) Permission(ctx context.Context, p acp.Permission) (string, bool) {
+	a := s.r.agent
+	ch := make(chan session.ApprovalAnswer, 1)
+	a.mu.Lock()
+	a.nperm++
+	id := fmt.Sprintf("t%d-p%d", s.r.turn, a.nperm)
+	if a.waiters == nil {
+		a.waiters = map[string]chan session.ApprovalAnswer{}
+	}
+	a.waiters[id] = ch
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.waiters, id)
+		a.mu.Unlock()
+	}()
+	if !s.acquire(ctx) {
+		return "", false
+	}
+	s.r.send(&turnApproval{r: s.r, id: id, summary: p.Title, perm: &p})
+	timer := time.NewTimer(a.timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case ans := <-ch:
+			return ans.OptionID, ans.OptionID != ""
+		case <-timer.C:
+			s.r.send(&approvalExpired{r: s.r, id: id})
+		case <-ctx.Done():
+			return "", false
+		}
+	}
+}
+
+// --- the actor's side -------------------------------------------------------
+
+// agentRunner returns the agentTurn of turn t of an agent session.
+func (s *sessionActor) agentTurn(t *session.Turn) *agentTurn {
+	id, nc, subj := s.id, s.h.cfg.NATS, s.h.cfg.Subjects.Delta(s.id)
+	log := s.log
+	return &agentTurn{
+		name: s.meta.Harness.Agent, tenant: s.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
+		promptSeq: t.Prompt.Seq, acpSession: s.metaNext.AgentSession, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
+		options: map[string][]session.ApprovalOption{},
+		publish: func(d session.DeltaFrame) {
+			// Encoded once, published without waiting: a delta is live
+			// text, never stored, and a lost one is covered by the
+			// agent_message that follows.
+			if err := nc.Publish(subj, mustMarshal(d)); err != nil {
+				log.Debug("publish delta", "session", id, "err", err)
+			}
+		},
+	}
+}
+
+// onAgentOpened keeps a new ACP session id in the metadata, so a later
+// agent process loads it.
+func (s *sessionActor) onAgentOpened(m *agentOpened) {
+	if m.r != s.runner || s.phase == phaseDeleting || s.metaNext.AgentSession == m.id {
+		return
+	}
+	s.metaNext.AgentSession = m.id
+	s.metaDirty = true
+}
+
+// agentApproval logs an agent's permission request as an approval with its
+// options.
+func (s *sessionActor) agentApproval(m *turnApproval, release func(error)) {
+	p := m.perm
+	m.r.agent.options[m.id] = p.Options
+	s.emit(session.KindApprovalRequested, session.BySystem, mustMarshal(session.ApprovalRequestedData{
+		Turn: m.r.turn, ID: m.id, Summary: p.Title, Title: p.Title, Kind: p.Kind, Content: p.Content, Options: p.Options,
+	}), release)
+}
+
+// agentOption resolves an answer to approval id of the running agent turn:
+// the option chosen (optionID, or by allow the first allow_once /
+// reject_once option), and whether the approval is an agent's at all.
+func (s *sessionActor) agentOption(id, optionID string, allow bool) (session.ApprovalOption, bool, error) {
+	r := s.runner
+	if r == nil || r.agent == nil {
+		return session.ApprovalOption{}, false, nil
+	}
+	opts, ok := r.agent.options[id]
+	if !ok {
+		return session.ApprovalOption{}, false, nil
+	}
+	o, err := pickOption(opts, optionID, allow)
+	return o, true, err
+}
+
+// pickOption chooses among an agent's options.
+func pickOption(opts []session.ApprovalOption, optionID string, allow bool) (session.ApprovalOption, error) {
+	if optionID != "" {
+		for _, o := range opts {
+			if o.ID == optionID {
+				return o, nil
+			}
+		}
+		ids := make([]string, len(opts))
+		for i, o := range opts {
+			ids[i] = o.ID
+		}
+		return session.ApprovalOption{}, session.Errorf(session.CodeBadRequest, "option %q is not one of this approval's options %q", optionID, ids)
+	}
+	prefs := []string{"reject_once", "reject_always"}
+	if allow {
+		prefs = []string{"allow_once", "allow_always"}
+	}
+	for _, k := range prefs {
+		for _, o := range opts {
+			if o.Kind == k {
+				return o, nil
+			}
+		}
+	}
+	if allow {
+		return session.ApprovalOption{}, session.Errorf(session.CodeBadRequest, "this approval offers no option that allows; answer with an option_id")
+	}
+	return session.ApprovalOption{}, session.Errorf(session.CodeBadRequest, "this approval offers no option that rejects; answer with an option_id")
+}
+
+// allows reports whether an ACP option kind allows.
+func allows(kind string) bool { return strings.HasPrefix(kind, "allow") }
+
+// onApprovalExpired rejects an agent's approval nobody answered in time,
+// and says so in the session.
+func (s *sessionActor) onApprovalExpired(m *approvalExpired) {
+	if m.r != s.runner || s.phase == phaseDeleting {
+		return
+	}
+	o, ok, err := s.agentOption(m.id, "", false)
+	if !ok {
+		return
+	}
+	turn, rerr := s.turns.ResolveApproval(m.id)
+	if rerr != nil {
+		return // answered meanwhile
+	}
+	s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeConflict, Message: fmt.Sprintf(
+		"approval %s was not answered within %v; it was rejected", m.id, s.h.cfg.ApprovalTimeout)}), nil)
+	if err != nil {
+		// No reject option: the request is answered "cancelled".
+		m.r.agent.deliver(session.ApprovalAnswer{Type: "approval", ID: m.id})
+		s.emit(session.KindApprovalResolved, session.BySystem,
+			mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: m.id}), nil)
+		return
+	}
+	r := m.r
+	s.emit(session.KindApprovalResolved, session.BySystem,
+		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: m.id, Allow: false, OptionID: o.ID}),
+		func(error) {
+			if r == s.runner {
+				r.agent.deliver(session.ApprovalAnswer{Type: "approval", ID: m.id, OptionID: o.ID})
+			}
+		})
+}
+
+// sessionNote is a message from the node's model gateway to a session
+// (Host.RecordUsage, Host.EndTurn), routed by the manager.
+type sessionNote struct {
+	id    session.ID
+	usage *session.UsageData
+	end   *turnEnd
+}
+
+type turnEnd struct {
+	turn    int64
+	code    session.Code
+	message string
+}
+
+// RecordUsage logs a usage event in session id (the model gateway counted
+// it for turn). It never blocks; a session that is not active on this node
+// is activated to log it.
+func (h *Host) RecordUsage(id session.ID, turn int64, u session.UsageData) {
+	u.Turn = turn
+	h.noteSession(&sessionNote{id: id, usage: &u})
+}
+
+// EndTurn ends turn of session id as failed (the model gateway found it
+// over budget): it logs an error event with code and message, cancels the
+// agent and finishes the turn. It never blocks.
+func (h *Host) EndTurn(id session.ID, turn int64, code session.Code, message string) {
+	h.noteSession(&sessionNote{id: id, end: &turnEnd{turn: turn, code: code, message: message}})
+}
+
+func (h *Host) noteSession(n *sessionNote) {
+	if h.serving.Load() {
+		h.system.Root.Send(h.manager, n)
+	}
+}
+
+// routeNote delivers a note to its session, activating it if needed.
+func (m *manager) routeNote(ctx proto.Context, n *sessionNote) {
+	if m.shutting {
+		return
+	}
+	c := m.children[n.id]
+	if c == nil || c.stopping {
+		if n.end != nil {
+			return // No turn runs there.
+		}
+		m.route(ctx, &placeMsg{req: session.PlaceRequest{Op: session.PlaceActivate, Session: n.id}})
+		c = m.children[n.id]
+		if c == nil || c.stopping {
+			m.h.log.Warn("usage not logged: the session could not be activated", "session", n.id)
+			return
+		}
+	}
+	ctx.Send(c.pid, n)
+}
+
+// onSessionNote handles a note in the session actor; until the session is
+// active the note waits.
+func (s *sessionActor) onSessionNote(n *sessionNote) {
+	switch s.phase {
+	case phaseNew, phaseOpening:
+		s.notes = append(s.notes, n)
+		return
+	case phaseActive, phaseDraining, phaseWaking:
+	default:
+		return
+	}
+	switch {
+	case n.usage != nil:
+		s.emit(session.KindUsage, session.BySystem, mustMarshal(*n.usage), nil)
+	case n.end != nil:
+		r := s.runner
+		if r == nil || r.turn != n.end.turn {
+			return
+		}
+		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.end.code, Message: n.end.message}), nil)
+		r.stop(stopRequest{status: session.TurnFailed})
+	}
+}
+
+// replayNotes handles the notes that arrived before the session was active.
+func (s *sessionActor) replayNotes() {
+	notes := s.notes
+	s.notes = nil
+	for _, n := range notes {
+		s.onSessionNote(n)
+	}
+}
