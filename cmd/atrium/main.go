@@ -82,7 +82,7 @@ Start a single-machine server with 'atrium dev', then use the client commands.`,
 		SilenceErrors: true,
 	}
 	root.AddGroup(&cobra.Group{ID: "server", Title: "Server commands:"}, &cobra.Group{ID: "client", Title: "Client commands:"})
-	for _, c := range []*cobra.Command{newDevCmd(env), newServeCmd(env), newConfigCmd(env), newDoctorCmd(env), newClusterCmd(env), newBenchCmd(env)} {
+	for _, c := range []*cobra.Command{newDevCmd(env), newServeCmd(env), newConfigCmd(env), newDoctorCmd(env), newClusterCmd(env), newBenchCmd(env), newAgentsCmd(env)} {
 		c.GroupID = "server"
 		root.AddCommand(c)
 	}

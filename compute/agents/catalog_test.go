@@ -227,3 +227,17 @@ func TestCatalog_InstallErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestCIDeps_PinnedAgents checks that .ci/deps installs every built-in
+// agent at its pinned version into the cache the real-agent tests use.
+func TestCIDeps_PinnedAgents(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", ".ci", "deps"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range Builtins() {
+		if want := `"` + s.Name + " " + s.Package + " " + s.Version + `"`; !strings.Contains(string(b), want) {
+			t.Errorf(".ci/deps does not install %s: want the line %s", s.Name, want)
+		}
+	}
+}

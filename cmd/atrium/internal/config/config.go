@@ -24,6 +24,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/compute/egress"
 )
 
@@ -109,6 +110,9 @@ type File struct {
 	Quotas Quotas `yaml:"quotas"`
 	// Automation configures schedules and dead letters (automation.go).
 	Automation Automation `yaml:"automation"`
+	// Agents adds ACP agents to the built-in ones (claude, codex, gemini,
+	// opencode), or replaces one of the same name (compute/agents.Spec).
+	Agents []agents.Spec `yaml:"agents"`
 	// Models configures the node's model gateway (models.go).
 	Models Models `yaml:"models"`
 }
@@ -526,6 +530,11 @@ func (f *File) Validate(dev bool) error {
 	errs = append(errs, f.Automation.check()...)
 	errs = append(errs, f.Models.check()...)
 	errs = append(errs, f.checkCluster()...)
+	for i, a := range f.Agents {
+		if err := a.Validate(); err != nil {
+			bad(fmt.Sprintf("agents[%d]", i), "%v", err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
