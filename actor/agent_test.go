@@ -53,7 +53,8 @@ func buildFakeAgent(t testing.TB) string {
 // workspace.
 type fakeAgents struct {
 	dir      string
-	load     bool // the agent supports session/load
+	load     bool   // the agent supports session/load
+	mode     string // the session mode to select
 	launches atomic.Int32
 }
 
@@ -74,7 +75,7 @@ func (f *fakeAgents) Launch(name string, _ session.ID, ep compute.ModelEndpoints
 		env = append(env, "FAKE_ACP_LOAD=1")
 	}
 	return AgentLaunch{
-		Argv: []string{"/opt/fakeagent/acpagent"}, Env: env, LoadSession: f.load,
+		Argv: []string{"/opt/fakeagent/acpagent"}, Env: env, LoadSession: f.load, SessionMode: f.mode,
 		Mounts: []compute.Mount{{Host: f.dir, Sandbox: "/opt/fakeagent", ReadOnly: true}},
 	}, nil
 }
@@ -221,7 +222,7 @@ func lastMessage(t testing.TB, evs []session.Event) string {
 }
 
 func TestAgent_Turns(t *testing.T) {
-	agents := &fakeAgents{dir: buildFakeAgent(t), load: true}
+	agents := &fakeAgents{dir: buildFakeAgent(t), load: true, mode: "ask"}
 	models := &fakeModels{}
 	e := newEnv(t, withAgents(agents, models))
 	id := e.create("alice", agentSession())
@@ -271,8 +272,13 @@ func TestAgent_Turns(t *testing.T) {
 			t.Errorf("events %s", summarize(evs))
 		}
 	})
+	t.Run("session mode", func(t *testing.T) {
+		if _, evs := next("mode"); lastMessage(t, evs) != "mode: ask" {
+			t.Errorf("events %s", summarize(evs))
+		}
+	})
 	if n := agents.launches.Load(); n != 1 {
-		t.Errorf("agent launched %d times for 4 turns, want once", n)
+		t.Errorf("agent launched %d times for 5 turns, want once", n)
 	}
 	t.Run("approval with options", func(t *testing.T) {
 		for _, answer := range []session.Command{
@@ -330,7 +336,7 @@ func TestAgent_Turns(t *testing.T) {
 			t.Errorf("launches %d → %d, want a restart after the cancel", before, n)
 		}
 		got := lastMessage(t, evs)
-		if !strings.Contains(got, "known: chunks 5,tool,gemini,plan,ask,ask,ask,sleep;") || !strings.HasSuffix(got, "transcript: ") {
+		if !strings.Contains(got, "known: chunks 5,tool,gemini,plan,mode,ask,ask,ask,sleep;") || !strings.HasSuffix(got, "transcript: ") {
 			t.Errorf("recall after load = %q, want the earlier prompts from the loaded session and no transcript", got)
 		}
 		if strings.Contains(kinds(evs), "agent_message agent_message") || strings.Contains(string(evs[0].Data), "replay") {

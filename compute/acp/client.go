@@ -312,6 +312,18 @@ func (c *Client) settle(ctx context.Context) {
 	}
 }
 
+// SetMode selects one of the agent's session modes (session/set_mode), such
+// as the permission mode a session runs in.
+func (c *Client) SetMode(ctx context.Context, modeID string) error {
+	c.mu.Lock()
+	sessID := c.sessID
+	c.mu.Unlock()
+	if err := c.call(ctx, "session/set_mode", map[string]string{"sessionId": sessID, "modeId": modeID}, nil); err != nil {
+		return fmt.Errorf("session/set_mode %s: %w", modeID, err)
+	}
+	return nil
+}
+
 // Stop reasons of a prompt (ACP StopReason).
 const (
 	StopEndTurn         = "end_turn"

@@ -593,3 +593,18 @@ func TestClient_RPCError(t *testing.T) {
 		t.Errorf("err = %v", res.err)
 	}
 }
+
+func TestClient_SetMode(t *testing.T) {
+	s := newScript(t, Config{})
+	s.open(false)
+	done := make(chan error, 1)
+	go func() { done <- s.c.SetMode(context.Background(), "ask") }()
+	r := s.expect("session/set_mode")
+	if string(r.Params) != `{"modeId":"ask","sessionId":"s1"}` {
+		t.Errorf("session/set_mode params %s", r.Params)
+	}
+	s.answer(r, map[string]any{})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

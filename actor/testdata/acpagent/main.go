@@ -14,6 +14,7 @@
 //	sleep     waits for session/cancel
 //	crash     writes to stderr and exits 3 in the middle of the turn
 //	recall    says the earlier prompts it knows and the transcript it got
+//	mode      says the session mode set with session/set_mode
 //	anything else is echoed
 package main
 
@@ -44,6 +45,7 @@ var (
 	sessionID string
 	state     = os.Getenv("FAKE_ACP_STATE")
 
+	mode      = "default"
 	mu        sync.Mutex
 	waiting   = map[string]chan json.RawMessage{} // permission requests by id
 	cancelled = make(chan struct{}, 1)
@@ -134,6 +136,13 @@ func main() {
 			}
 			answer(m.ID, nil)
 			chunk("agent_message_chunk", "late replay") // Gemini CLI keeps replaying
+		case m.Method == "session/set_mode":
+			var p struct {
+				ModeID string `json:"modeId"`
+			}
+			json.Unmarshal(m.Params, &p)
+			mode = p.ModeID
+			answer(m.ID, map[string]any{})
 		case m.Method == "session/cancel":
 			select {
 			case cancelled <- struct{}{}:
@@ -171,6 +180,8 @@ func prompt(id json.RawMessage, text string) {
 	case cmd == "gemini":
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "g-1", "title": "ls", "kind": "execute", "status": "in_progress"})
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "g-1", "status": "completed"})
+	case cmd == "mode":
+		chunk("agent_message_chunk", "mode: "+mode)
 	case cmd == "plan":
 		update(map[string]any{"sessionUpdate": "plan", "entries": []any{map[string]any{"content": "step", "status": "pending", "priority": "high"}}})
 	case cmd == "ask":
