@@ -46,6 +46,7 @@ func clientCommands(env *cliEnv) []*cobra.Command {
 		newWhoamiCmd(env),
 		newTokenCmd(env),
 		newAuditCmd(env),
+		newUsageCmd(env), // usage.go: model spend
 		newTaskCmd(env),
 		newScheduleCmd(env),
 		newDLQCmd(env),

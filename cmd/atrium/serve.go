@@ -144,6 +144,12 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 	}
 	cfg.Quotas = f.Quotas.Gateway() // invoke caps and tenant quotas (H3)
 	cfg.Automation = f.Automation.Gateway()
+	if f.Models.Enabled() && f.HasRole(config.RoleNode) { // the model gateway (docs/models.md)
+		if cfg.Models.Providers, cfg.Models.Budgets, err = f.Models.Gateway(getenv); err != nil {
+			return cfg, err
+		}
+		cfg.Models.MaxBody = f.Models.MaxBodyBytes
+	}
 	return cfg, nil
 }
 

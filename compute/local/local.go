@@ -353,7 +353,7 @@ func (p *Provider) probeForwarder(ctx context.Context) error {
 	}
 	unavailable := func(reason string) error {
 		return session.Errorf(session.CodeUnavailable,
-			"egress allowlists are unavailable: %s; the forwarder must be the atrium executable, or a program whose main starts with egress.IsForwarder",
+			"egress allowlists and the model gateway are unavailable: %s; the forwarder must be the atrium executable, or a program whose main starts with egress.IsForwarder",
 			reason)
 	}
 	if p.forwarderErr != nil {

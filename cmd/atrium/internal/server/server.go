@@ -34,6 +34,7 @@ import (
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/local"
+	"github.com/atriumhq/atrium/compute/modelgw"
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/gateway"
@@ -219,6 +220,10 @@ type Config struct {
 	// Automation configures schedules and dead letters; its buckets are
 	// replicated like the others unless it says otherwise.
 	Automation gateway.Automation
+	// Models configures the node's model gateway (models.go): with
+	// providers, it serves every sandbox of the node at compute.ModelAddr.
+	// Its callbacks, logger and registerer are the server's own.
+	Models modelgw.Config
 	// Tracing exports OpenTelemetry spans of requests, commands, turns and
 	// sandbox operations; the zero value is off.
 	Tracing Tracing
@@ -252,6 +257,8 @@ type Server struct {
 	// (nodes.go); started is when Start began.
 	beat    *heartbeat
 	started time.Time
+	// models is the node's model gateway (models.go); nil without one.
+	models *modelNode
 
 	serveDone chan error
 	closeOnce sync.Once
@@ -552,11 +559,14 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := s.startModels(); err != nil {
+		return err
+	}
 	s.host, err = actor.New(actor.Config{
 		NATS:               s.nc,
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
-		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress},
+		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
 		Store:              s.store,
 		WorkspaceOf:        wiring.workspaceOf,
@@ -751,6 +761,7 @@ func (s *Server) Close(ctx context.Context) error {
 		if s.beat != nil {
 			s.beat.stop(ctx)
 		}
+		errs = append(errs, s.closeModels(ctx))
 		if s.prov != nil {
 			errs = append(errs, s.prov.Close(ctx))
 		}

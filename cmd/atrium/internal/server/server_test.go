@@ -14,10 +14,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
 func TestMain(m *testing.M) {
+	if egress.IsForwarder(os.Args) {
+		// Sandboxes reach the model gateway through this binary.
+		os.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	if os.Getenv(agentEnv) != "" {
 		// The netns provisioning hook of the remote tests runs this
 		// binary as the sandbox agent of its VMs.
