@@ -305,6 +305,14 @@ var realAgentCases = []realAgentCase{
 		keyHeader: "X-Goog-Api-Key",
 		mode:      agents.ModeAutoEdit,
 	},
+	{
+		name: "opencode",
+		write: func(p, content string) modeltest.Reply {
+			return modeltest.Tool("write", map[string]any{"filePath": p, "content": content})
+		},
+		keyHeader: "X-Api-Key",
+		mode:      agents.ModeAsk,
+	},
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
