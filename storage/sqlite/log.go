@@ -75,6 +75,9 @@ type Log struct {
 
 	mu      sync.Mutex        // serializes writes and Close
 	inserts map[int]*sql.Stmt // by number of rows; guarded by mu, prepared on first use
+	prompt  *sql.Stmt         // PromptSeq's query; guarded by mu, prepared on first use
+	prompts *promptSet        // guarded by mu; nil until built (see promptSetAfter)
+	lookups int               // guarded by mu: PromptSeq calls so far
 	closed  bool              // guarded by mu
 }
 
@@ -242,6 +245,7 @@ func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
 	defer func() {
 		if err != nil {
 			l.reloadLastSeq() // In case the commit took effect after all.
+			l.prompts = nil   // Likewise: what it holds is no longer known.
 		}
 	}()
 	if len(evs) == chunkLen(len(evs)) {
@@ -267,6 +271,7 @@ func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
 		}
 	}
 	l.lastSeq.Store(evs[len(evs)-1].Seq)
+	l.notePromptsLocked(evs)
 	return nil
 }
 
@@ -366,15 +371,27 @@ func (l *Log) LastOfKind(ctx context.Context, kind session.Kind) (json.RawMessag
 	return b, nil
 }
 
+// promptQuery is PromptSeq's query.
+const promptQuery = `SELECT seq FROM events INDEXED BY events_prompt
+	WHERE kind = 'message' AND ` + promptBy + ` = ? AND ` + promptClientID + ` = ? ORDER BY seq DESC LIMIT 1`
+
 // PromptSeq returns the seq of the newest message event by user whose
 // client_id is clientID, or 0 if there is none. It is one lookup in the
 // events_prompt index and, like LastOfKind, runs on the writer connection,
-// so it waits for an Append in progress.
+// so it waits for an Append in progress. Its statement is prepared once per
+// Log (parsing it again was most of the lookup's cost), and a Log asked
+// often keeps the set of prompts it holds in memory (promptSet), so that a
+// client_id never sent costs no SQL at all.
 func (l *Log) PromptSeq(ctx context.Context, user, clientID string) (session.Seq, error) {
+	st, err := l.promptLookup(ctx, user, clientID)
+	if err != nil {
+		return 0, l.classify(err, "read", 0)
+	}
+	if st == nil {
+		return 0, nil
+	}
 	var seq session.Seq
-	err := l.writer.QueryRowContext(ctx, `SELECT seq FROM events INDEXED BY events_prompt
-		WHERE kind = 'message' AND `+promptBy+` = ? AND `+promptClientID+` = ? ORDER BY seq DESC LIMIT 1`,
-		user, clientID).Scan(&seq)
+	err = st.QueryRowContext(ctx, user, clientID).Scan(&seq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	} else if err != nil {
@@ -426,6 +443,9 @@ func (l *Log) Close() error {
 	var errs []error
 	for _, st := range l.inserts {
 		errs = append(errs, st.Close())
+	}
+	if l.prompt != nil {
+		errs = append(errs, l.prompt.Close())
 	}
 	errs = append(errs, l.readers.Close()) // Readers first, so the checkpoint can complete.
 	// The checkpoint truncates the WAL to nothing; with journal_size_limit

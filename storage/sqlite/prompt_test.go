@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/storage/sqlite"
 )
 
 // message returns message event seq sent by by with clientID, as the session
@@ -121,4 +122,47 @@ func BenchmarkPromptSeq(b *testing.B) {
 			b.Fatalf("PromptSeq = %d, %v", seq, err)
 		}
 	}
+}
+
+// TestLog_PromptSet asks often enough for the Log to keep its prompts in
+// memory: answers stay those of the index, for prompts from before and after
+// the set was built, and a message the set cannot read sends lookups back to
+// SQL.
+func TestLog_PromptSet(t *testing.T) {
+	ctx := context.Background()
+	l := mustCreate(t, newDir(t), "s_a")
+	mustAppend(t, l, message(1, "ann", "c-1"), message(2, "bob", "c-1"), ev(3, session.KindOutput, 10), message(4, "ann", "c-2"))
+	check := func(when, by, clientID string, want session.Seq) {
+		t.Helper()
+		if got, err := l.PromptSeq(ctx, by, clientID); err != nil || got != want {
+			t.Fatalf("%s: PromptSeq(%q, %q) = %d, %v; want %d", when, by, clientID, got, err, want)
+		}
+	}
+	for i := range sqlite.PromptSetAfter {
+		if sqlite.HasPromptSet(l) {
+			t.Fatalf("prompt set built after %d lookups", i)
+		}
+		check("before the set", "ann", fmt.Sprintf("new-%d", i), 0)
+	}
+	if !sqlite.HasPromptSet(l) {
+		t.Fatalf("no prompt set after %d lookups", sqlite.PromptSetAfter)
+	}
+	check("loaded", "ann", "c-1", 1)
+	check("loaded", "bob", "c-1", 2)
+	check("loaded", "ann", "c-2", 4)
+	check("never sent", "bob", "c-2", 0)
+	check("never sent", "ann", "c-3", 0)
+
+	mustAppend(t, l, message(5, "bob", "c-2"), ev(6, session.KindOutput, 10), message(7, "ann", "c-1"))
+	check("appended", "bob", "c-2", 5)
+	check("appended", "ann", "c-1", 7)
+	check("never sent", "cat", "c-1", 0)
+
+	// A message event whose by is not a string is in the index but not
+	// in the set's terms: the set is dropped, not trusted.
+	mustAppend(t, l, session.Stored{Seq: 8, Kind: session.KindMessage, JSON: []byte(`{"seq":8,"kind":"message","by":7,"data":{"client_id":"c-9"}}`)})
+	if sqlite.HasPromptSet(l) {
+		t.Fatal("prompt set kept after a message it cannot read")
+	}
+	check("after the set", "ann", "c-2", 4)
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/compute/modelgw"
 	"github.com/atriumhq/atrium/compute/mount"
@@ -220,6 +221,13 @@ type Config struct {
 	// Automation configures schedules and dead letters; its buckets are
 	// replicated like the others unless it says otherwise.
 	Automation gateway.Automation
+	// Agents adds ACP agents to the built-in ones (compute/agents);
+	// AgentsDir is where they are installed (default <DataDir>/agents);
+	// AgentMode is the permission mode agents run with (ask, auto-edit or
+	// auto; default ask).
+	Agents    []agents.Spec
+	AgentsDir string
+	AgentMode string
 	// Models configures the node's model gateway (models.go): with
 	// providers, it serves every sandbox of the node at compute.ModelAddr.
 	// Its callbacks, logger and registerer are the server's own.
@@ -562,7 +570,12 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err := s.startModels(); err != nil {
 		return err
 	}
+	agentCat, err := newAgentCatalog(cfg)
+	if err != nil {
+		return fmt.Errorf("agents: %w", err)
+	}
 	s.host, err = actor.New(actor.Config{
+		Agents:             agentCat,
 		NATS:               s.nc,
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
