@@ -87,6 +87,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		AuthMode:           f.Auth.Mode,
 		PublicURL:          f.PublicURL,
 		AllowedOrigins:     f.AllowedOrigins,
+		Agents:             f.Agents,
 		Logger:             newLogger(logTo, f.Log.Format, f.Log.Level),
 		AccessLog:          f.Log.Access == "on",
 		Sandbox: server.Sandbox{

@@ -570,7 +570,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err := s.startModels(); err != nil {
 		return err
 	}
-	agentCat, err := newAgentCatalog(cfg)
+	agentCat, err := newNodeAgents(cfg)
 	if err != nil {
 		return fmt.Errorf("agents: %w", err)
 	}
