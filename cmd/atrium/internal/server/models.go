@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute/modelgw"
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/session"
@@ -33,15 +34,7 @@ type modelNode struct {
 	audits sync.WaitGroup // audit records in flight
 }
 
-// usageRecorder and turnEnder are the host's side of the model gateway's
-// callbacks (actor.Host.RecordUsage, actor.Host.EndTurn).
-type usageRecorder interface {
-	RecordUsage(id session.ID, turn int64, u session.UsageData)
-}
-
-type turnEnder interface {
-	EndTurn(id session.ID, turn int64, code session.Code, message string)
-}
+var _ actor.Models = (*modelgw.Gateway)(nil)
 
 // startModels starts the model gateway on its socket when the config names
 // providers; s.models stays nil otherwise.
@@ -62,13 +55,13 @@ func (s *Server) startModels() error {
 	cfg.Logger = s.cfg.Logger.With("component", "models")
 	cfg.Registerer = s.reg
 	cfg.OnUsage = func(id session.ID, turn int64, user string, u session.UsageData) {
-		if r, ok := any(s.host).(usageRecorder); s.host != nil && ok {
-			r.RecordUsage(id, turn, u)
+		if h := s.host; h != nil {
+			h.RecordUsage(id, turn, u)
 		}
 	}
 	cfg.OnOverBudget = func(id session.ID, turn int64, reason string) {
-		if e, ok := any(s.host).(turnEnder); s.host != nil && ok {
-			e.EndTurn(id, turn, session.CodeTooManyRequests, "model "+reason)
+		if h := s.host; h != nil {
+			h.EndTurn(id, turn, session.CodeTooManyRequests, "model "+reason)
 		}
 	}
 	cfg.Audit = func(e modelgw.AuditEntry) {
@@ -103,6 +96,12 @@ func (s *Server) startModels() error {
 	if err != nil {
 		return fmt.Errorf("model gateway: listen on %s (a data directory with a shorter path helps if it is too long): %w", m.socket, err)
 	}
+	// Only the node's user (and its sandboxes, which run as that user)
+	// may connect.
+	if err := os.Chmod(m.socket, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("model gateway: %w", err)
+	}
 	m.srv = &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second}
 	go func() { m.served <- m.srv.Serve(ln) }()
 	s.models = m
@@ -116,6 +115,15 @@ func (s *Server) modelSocket() string {
 		return ""
 	}
 	return s.models.socket
+}
+
+// actorModels is the host's Models: nil (no interface value holding a nil
+// pointer) without a gateway.
+func (s *Server) actorModels() actor.Models {
+	if s.models == nil {
+		return nil
+	}
+	return s.models.gw
 }
 
 // ModelGateway is the node's model gateway; nil when no provider is

@@ -11,6 +11,7 @@ import (
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
 	"github.com/atriumhq/atrium/compute/modelgw"
 	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
+	"github.com/atriumhq/atrium/session"
 )
 
 // TestServer_ModelGateway: a node with a model provider serves its gateway
@@ -51,6 +52,13 @@ cat <&3 | sed "s/^{/answer: {/"` // (a JSON line with a type would be an agent e
 	if got := up.Requests()[0].Header.Get("X-Api-Key"); got != "sk-real" {
 		t.Fatalf("upstream key %q", got)
 	}
+	// The gateway's count is recorded in the session as a usage event.
+	ev := c.waitEvent(s.ID, 0, "usage", func(ev event) bool { return ev.Kind == session.KindUsage })
+	var u session.UsageData
+	ev.decode(t, &u)
+	if u.Turn != 1 || u.Model != "claude-x" || u.InputTokens == 0 || u.OutputTokens == 0 {
+		t.Fatalf("usage event %+v", u)
+	}
 	resp, err := http.Get(st.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -59,5 +67,57 @@ cat <&3 | sed "s/^{/answer: {/"` // (a JSON line with a type would be an agent e
 	b, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(b), `atrium_model_requests_total{model="claude-x",provider="anthropic",status="200"} 1`) {
 		t.Fatalf("metrics lack the model call")
+	}
+}
+
+// TestServer_ModelBudget: a turn whose model calls exceed the session's
+// budget gets the vendor's rate-limit error, and the node ends the turn
+// itself with error too_many_requests naming the budget.
+func TestServer_ModelBudget(t *testing.T) {
+	up := modeltest.New(t)
+	up.SetDefault(modeltest.Reply{Text: "x", Usage: &modeltest.Usage{InputTokens: 100, OutputTokens: 100}})
+	st := startStack(t, func(c *server.Config) {
+		c.Models.Providers = []modelgw.Provider{{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: up.URL, APIKey: "sk-real"}}
+		c.Models.Budgets = []modelgw.Budget{{Scope: modelgw.ScopeSession, Period: modelgw.PeriodDay, Tokens: 150}}
+	})
+	gw := st.srv.ModelGateway()
+	c := st.as("ann")
+	s := c.create("budget", nil)
+	tok := gw.Issue(s.ID, "")
+	if err := gw.Activate(tok, 1, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	// Calls until refused (the first call's usage is counted as its answer
+	// ends), then waits for the node to end the turn.
+	script := `body='{"model":"claude-x","max_tokens":5,"messages":[]}'
+for i in $(seq 50); do
+  exec 3<>/dev/tcp/127.0.0.1/4180 || exit 9
+  printf 'POST /anthropic/v1/messages HTTP/1.1\r\nHost: m\r\nx-api-key: ` + tok + `\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' "${#body}" "$body" >&3
+  status=$(head -n1 <&3); exec 3<&-
+  echo "call $i: $status"
+  case $status in *429*) break;; esac
+done
+sleep 60`
+	c.prompt(s.ID, script)
+	d := c.waitTurn(s.ID, 1)
+	if d.Status != "failed" {
+		t.Fatalf("turn %+v, want failed", d)
+	}
+	evs := c.events(s.ID, 0)
+	// The refusal's own line may not make it: the node ends the turn as
+	// it refuses.
+	if out := outputOf(evs, 1, "stdout"); !strings.Contains(out, "call 1: HTTP/1.1 200") {
+		t.Fatalf("output %q", out)
+	}
+	found := false
+	for _, ev := range evs {
+		if ev.Kind == session.KindError {
+			var e session.ErrorData
+			ev.decode(t, &e)
+			found = e.Code == session.CodeTooManyRequests && strings.Contains(e.Message, "session budget of 150 tokens per day")
+		}
+	}
+	if !found {
+		t.Fatalf("no too_many_requests error naming the budget in %d events", len(evs))
 	}
 }

@@ -581,6 +581,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		Provider:           s.prov,
 		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
+		Models:             s.actorModels(),
 		Store:              s.store,
 		WorkspaceOf:        wiring.workspaceOf,
 		SandboxGeneration:  wiring.generation,
