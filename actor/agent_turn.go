@@ -100,6 +100,7 @@ func (r *runner) execAgent() *turnExited {
 		}
 	}
 	res := r.promptAgent(b.agent, rehydrate)
+	r.wg.Wait()
 	if !res.lost {
 		if err := h.saveBox(r.ctx, b); err != nil {
 			res.errors = append(res.errors, *saveError(err))
@@ -234,9 +235,13 @@ func (r *runner) promptAgent(p *agentProc, rehydrate bool) agentResult {
 			return
 		}
 		r.stopping = req
-		if err := p.client.Cancel(); err != nil {
-			r.log.Debug("session/cancel", "turn", r.turn, "err", err)
-		}
+		// Not waited for here: an agent that does not read its input
+		// would block the write until the kill below.
+		r.wg.Go(func() {
+			if err := p.client.Cancel(); err != nil {
+				r.log.Debug("session/cancel", "turn", r.turn, "err", err)
+			}
+		})
 		r.killC = time.After(r.grace)
 	}
 wait:

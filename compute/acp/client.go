@@ -662,10 +662,10 @@ func (c *Client) handleRequest(m message) {
 		c.wg.Go(func() {
 			optionID, ok := p.permission(req)
 			if !ok {
-				c.reply(m.ID, map[string]any{"outcome": map[string]string{"outcome": "cancelled"}}, nil)
+				c.replyNow(m.ID, map[string]any{"outcome": map[string]string{"outcome": "cancelled"}}, nil)
 				return
 			}
-			c.reply(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": optionID}}, nil)
+			c.replyNow(m.ID, map[string]any{"outcome": map[string]string{"outcome": "selected", "optionId": optionID}}, nil)
 		})
 	default:
 		// fs/* and terminal/* are not advertised.
@@ -673,7 +673,13 @@ func (c *Client) handleRequest(m message) {
 	}
 }
 
+// reply answers a request of the agent on its own goroutine: the read loop
+// never waits on a write to an agent that is busy writing.
 func (c *Client) reply(id json.RawMessage, result any, rerr *RPCError) {
+	c.wg.Go(func() { c.replyNow(id, result, rerr) })
+}
+
+func (c *Client) replyNow(id json.RawMessage, result any, rerr *RPCError) {
 	m := message{ID: id, Error: rerr}
 	if rerr == nil {
 		b, err := json.Marshal(result)

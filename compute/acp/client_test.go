@@ -453,11 +453,13 @@ func TestClient_LoadReplayIgnored(t *testing.T) {
 	s.update(chunk("user_message_chunk", "old prompt"))
 	s.update(chunk("agent_message_chunk", "old answer"))
 	s.answer(r, nil)
+	// Some agents go on replaying after the answer: LoadSession returns
+	// once they are quiet.
+	s.update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": "old", "title": "replayed"})
+	s.update(chunk("agent_message_chunk", "still replaying"))
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	s.update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": "old", "title": "replayed"})
-	s.update(chunk("agent_message_chunk", "still replaying"))
 	rec := newRecorder()
 	ch, pr := s.prompt(5, "new", rec)
 	s.update(chunk("agent_message_chunk", "fresh"))
