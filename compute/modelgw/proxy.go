@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		writeError(w, famOpenAI, http.StatusNotFound, fmt.Sprintf(
 			"no model API at %s: the gateway serves /anthropic/…, /openai/v1/… and /gemini/…", r.URL.Path))
+		return
+	}
+	if raw := strings.ToLower(r.URL.RawPath); rest != "" && rest != path.Clean(rest) && rest != path.Clean(rest)+"/" ||
+		strings.Contains(raw, "%2f") || strings.Contains(raw, "%2e") || strings.Contains(raw, "%5c") {
+		// Dot segments or encoded slashes could reach other paths of the
+		// provider's host with its key.
+		writeError(w, fam, http.StatusBadRequest, fmt.Sprintf("model API path %q is not clean", r.URL.Path))
 		return
 	}
 	who, ok := g.authenticate(r)

@@ -209,3 +209,25 @@ func TestNew_Invalid(t *testing.T) {
 		})
 	}
 }
+
+func TestGateway_UncleanPath(t *testing.T) {
+	r := newRig(t, nil)
+	tok := r.token(t, "s1", "")
+	for _, p := range []string{"/openai/v1/../../admin", "/openai/v1//chat/completions", "/gemini/v1beta/models/x%2F..%2F..%2Fadmin:generateContent"} {
+		req, _ := http.NewRequest("POST", r.url+p, strings.NewReader(`{"model":"gpt-x"}`))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("x-goog-api-key", tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "is not clean") {
+			t.Errorf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	if n := len(r.up.Requests()); n != 0 {
+		t.Fatalf("%d requests reached upstream", n)
+	}
+}
