@@ -120,6 +120,9 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 		errOnce.Do(func() { firstErr = err })
 	}
 	deadline := time.Now().Add(d)
+	// Each run's client_ids are its own: a run reusing the warm-up's would
+	// have those prompts acknowledged as retries, never appended.
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	var wg sync.WaitGroup
 	for ci, w := range conns {
 		slots := make(chan struct{}, r.cfg.WSWindow)
@@ -171,7 +174,7 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 				case <-ctx.Done():
 					return
 				}
-				cid := "c" + strconv.Itoa(ci) + "-" + strconv.Itoa(n)
+				cid := run + "-c" + strconv.Itoa(ci) + "-" + strconv.Itoa(n)
 				frame = append(frame[:0], `{"type":"prompt","text":"append benchmark event","client_id":"`...)
 				frame = append(frame, cid...)
 				frame = append(frame, `"}`...)

@@ -144,6 +144,11 @@ type wsConn struct {
 // dialWS opens the session's WebSocket resuming after seq after (after < 0:
 // no after parameter) and reads the hello frame.
 func (c *client) dialWS(ctx context.Context, id session.ID, after session.Seq) (*wsConn, error) {
+	return c.dialWSWith(ctx, id, after, session.Subprotocol)
+}
+
+// dialWSWith is dialWS offering the subprotocols protos.
+func (c *client) dialWSWith(ctx context.Context, id session.ID, after session.Seq, protos ...string) (*wsConn, error) {
 	u := "ws" + strings.TrimPrefix(c.base, "http") + "/v1/sessions/" + url.PathEscape(string(id)) + "/ws"
 	if after >= 0 {
 		u += "?after=" + strconv.FormatInt(after, 10)
@@ -151,7 +156,7 @@ func (c *client) dialWS(ctx context.Context, id session.ID, after session.Seq) (
 	conn, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{
 		HTTPClient:   c.http,
 		HTTPHeader:   http.Header{"Authorization": {c.auth}},
-		Subprotocols: []string{session.Subprotocol},
+		Subprotocols: protos,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dial websocket: %w", err)
@@ -216,6 +221,56 @@ func (w *wsConn) write(ctx context.Context, frame []byte) error {
 func (w *wsConn) close() { w.conn.CloseNow() }
 
 const eventPrefix = `{"type":"event","event":`
+
+// parseEventsFrame returns the seqs of an events frame's events (appended
+// to seqs); ok is false for other frames. Like parseEventFrame it does not
+// decode the events: it finds each one's end by its braces (outside
+// strings) and scans its head for the seq, so both protocols cost the
+// reader alike.
+func parseEventsFrame(b []byte, seqs []session.Seq) (_ []session.Seq, ok bool) {
+	b, ok = bytes.CutPrefix(b, []byte(session.EventsFrameHead))
+	if !ok {
+		return seqs, false
+	}
+	for len(b) > 0 && b[0] == '{' {
+		end := objectEnd(b)
+		if end < 0 {
+			return seqs, false
+		}
+		s, ok := scanInt(b[:end], `"seq":`)
+		if !ok {
+			return seqs, false
+		}
+		seqs = append(seqs, s)
+		b = b[end:]
+		if len(b) > 0 && b[0] == ',' {
+			b = b[1:]
+		}
+	}
+	return seqs, string(b) == "]}"
+}
+
+// objectEnd returns the length of the JSON object at the start of b, or -1.
+func objectEnd(b []byte) int {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}
 
 // parseEventFrame extracts an event frame's seq and time. Gateways write
 // frames with session.AppendEventFrame around the node's encoding of

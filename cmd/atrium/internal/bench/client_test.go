@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -68,6 +69,26 @@ func BenchmarkParseEventFrame(b *testing.B) {
 	for b.Loop() {
 		if _, _, ok := parseEventFrame(frame); !ok {
 			b.Fatal("not parsed")
+		}
+	}
+}
+
+func TestParseEventsFrame(t *testing.T) {
+	ev := func(seq int, text string) string {
+		return fmt.Sprintf(`{"seq":%d,"epoch":"e","time":"2026-01-02T03:04:05Z","kind":"output","by":"system","data":{"text":%q}}`, seq, text)
+	}
+	frame := session.EventsFrameHead + ev(7, `a "}{" brace`) + "," + ev(8, `back\slash}`) + "," + ev(9, "[]") + session.EventsFrameTail
+	seqs, ok := parseEventsFrame([]byte(frame), nil)
+	if !ok || fmt.Sprint(seqs) != "[7 8 9]" {
+		t.Fatalf("parseEventsFrame = %v, %v; want [7 8 9]", seqs, ok)
+	}
+	for _, bad := range []string{
+		`{"type":"event","event":` + ev(1, "x") + `}`,
+		session.EventsFrameHead + ev(1, "x"), // cut short
+		session.EventsFrameHead + `{"kind":"x"}` + session.EventsFrameTail,
+	} {
+		if seqs, ok := parseEventsFrame([]byte(bad), nil); ok {
+			t.Errorf("parseEventsFrame(%s) = %v, ok", bad, seqs)
 		}
 	}
 }

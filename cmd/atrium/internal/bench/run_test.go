@@ -135,9 +135,15 @@ func TestRun(t *testing.T) {
 			}
 			return nil
 		},
-		"resume/replay 300 events to a new WebSocket (after=0)": func(r Result) error {
+		"resume/replay 300 events to a new WebSocket (after=0) over atrium.v1": func(r Result) error {
 			if r.Samples != 2 || r.Median <= 0 {
 				return fmt.Errorf("samples %d median %v", r.Samples, r.Median)
+			}
+			return nil
+		},
+		"resume/replay 300 events to a new WebSocket (after=0) over atrium.v1+batch": func(r Result) error {
+			if r.Samples != 2 || r.Median <= 0 || !strings.Contains(r.Note, "atrium.v1's") {
+				return fmt.Errorf("samples %d median %v note %q", r.Samples, r.Median, r.Note)
 			}
 			return nil
 		},
