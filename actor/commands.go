@@ -103,6 +103,9 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 }
 
 func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.Command) {
+	if s.fileCommand(msg, who, c) { // files.go
+		return
+	}
 	role := s.roleOf(who)
 	need := session.ActRead
 	switch c.Op {

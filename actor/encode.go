@@ -52,7 +52,8 @@ func messageData(text, clientID string) []byte {
 // reply keep the exact bytes that were stored and published. The replies of
 // the hot path (a prompt's seq, a plain ok) skip encoding/json.
 func encodeReply(rep *session.Reply) []byte {
-	if rep.Error == nil && rep.Session == nil && rep.Events == nil && rep.LastSeq == 0 && rep.Epoch == "" && !rep.More && rep.Secrets == nil {
+	if rep.Error == nil && rep.Session == nil && rep.Events == nil && rep.LastSeq == 0 && rep.Epoch == "" && !rep.More && rep.Secrets == nil &&
+		rep.Files == nil && rep.Fork == nil {
 		if rep.Seq == 0 {
 			return []byte("{}")
 		}

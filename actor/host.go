@@ -190,6 +190,9 @@ type Config struct {
 	// cancels them; DefaultDrainGrace if zero.
 	DrainGrace time.Duration
 
+	// Files limits file operations on workspaces (files.go).
+	Files FilesConfig
+
 	// Agents (actor/agent.go).
 
 	// Agents is the catalog of the ACP agents sessions may run; nil: the

@@ -18,6 +18,9 @@ type placeMsg struct {
 	// timer that fired: the node, not a client, activates the session so
 	// that it saves and sleeps its sandbox (msg is nil).
 	sleep uint64
+	// seed, on a create for a fork, is the parent's history up to the
+	// fork's seq (files.go).
+	seed []json.RawMessage
 }
 
 // passivate is a session actor asking the manager to stop it: it has closed
@@ -73,6 +76,9 @@ func (h *Host) parsePlace(msg *nats.Msg) (*placeMsg, error) {
 	switch p.req.Op {
 	case session.PlaceActivate:
 	case session.PlaceCreate:
+		if p.req.Fork != nil {
+			return nil, session.Errorf(session.CodeBadRequest, "forks are made with POST /v1/sessions/{id}/fork")
+		}
 		if len(p.req.Title) > session.MaxTitleBytes {
 			return nil, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)
 		}

@@ -206,6 +206,9 @@ type sessionActor struct {
 	deleteMsg     *nats.Msg
 	deleteStarted bool
 
+	// files holds the file writes waiting for the running turn (files.go).
+	files fileQueue
+
 	// metered: counted in the node's active sessions gauge.
 	metered bool
 	// notes from the model gateway that arrived before the session was
@@ -275,6 +278,8 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 
 func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	switch m := m.(type) {
+	case fileMsg: // files.go
+		m.handle(s)
 	case *idleTimeout:
 		if m.gen == s.idleGen && s.idleTimer != nil {
 			s.idleTimer = nil
@@ -378,7 +383,7 @@ func (s *sessionActor) stopIdle() {
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
 	return s.runner == nil && s.op == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
-		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0
+		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0 && s.files.idle()
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
@@ -533,13 +538,19 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 	}
 	ev := encodeEvent(1, m.Epoch, now, session.KindSessionCreated, p.user.User,
 		mustMarshal(session.SessionCreatedData{Title: m.Title}))
-	if err := hist.Append(ctx, []session.Stored{ev}); err != nil {
+	evs := []session.Stored{ev}
+	if p.req.Fork != nil { // A fork starts with its parent's history (files.go).
+		if evs, err = forkEvents(p, m, now); err != nil {
+			return fail(fmt.Errorf("create session %s: %w", s.id, err))
+		}
+	}
+	if err := hist.Append(ctx, evs); err != nil {
 		return fail(fmt.Errorf("create session %s: %w", s.id, err))
 	}
-	if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, []session.Stored{ev}, &m); err != nil {
+	if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, evs, &m); err != nil {
 		return fail(fmt.Errorf("create session %s: %w", s.id, session.Errorf(session.CodeUnavailable, "%v", err)))
 	}
-	entry := catalogEntry(m, 1, session.StateActive, session.SandboxNone)
+	entry := catalogEntry(m, evs[len(evs)-1].Seq, session.StateActive, session.SandboxNone)
 	entry.Node = s.h.cfg.NodeID
 	b, _ := json.Marshal(entry)
 	if _, err := s.h.kv.Create(ctx, string(s.id), b); err != nil {
@@ -547,6 +558,13 @@ func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
 			err = session.Errorf(session.CodeConflict, "session %s already exists", s.id)
 		}
 		return fail(fmt.Errorf("create session %s: catalog: %w", s.id, err))
+	}
+	if p.req.Fork != nil {
+		res, err := s.recover(ctx, hist)
+		if err != nil {
+			return fail(fmt.Errorf("create session %s: %w", s.id, err))
+		}
+		return &handoff{hist: hist, open: res}
 	}
 	return &handoff{hist: hist, open: &openResult{meta: m, last: 1, sandbox: session.SandboxNone}}
 }
@@ -886,6 +904,7 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 // closedMsg follows.
 func (s *sessionActor) close(ctx proto.Context) {
 	s.phase = phaseClosing
+	s.files.abort() // files.go
 	s.h.metrics.hibernated(&s.metered)
 	hist, c := s.hist, s.committer
 	s.committer = nil
@@ -1012,6 +1031,7 @@ func (s *sessionActor) teardownNow(why string) {
 		s.runner.abandon()
 		s.runner = nil
 	}
+	s.files.abort() // files.go
 	if s.op != nil {
 		s.op.cancel()
 		s.op = nil

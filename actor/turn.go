@@ -325,7 +325,7 @@ func (r *runner) execHarness() *turnExited {
 		out.errors = append(out.errors, lost.errors...)
 		out.status, out.reason = session.TurnFailed, lost.reason
 	default:
-		if err := r.h.saveBox(r.ctx, b); err != nil {
+		if err := r.h.saveTurn(r.ctx, b, r.turn); err != nil {
 			out.errors = append(out.errors, *saveError(err))
 		}
 	}
@@ -586,6 +586,7 @@ func (r *runner) acquire() bool {
 
 // maybeStartTurn starts the next queued turn if none runs.
 func (s *sessionActor) maybeStartTurn() {
+	s.startFileOps() // Writes received during the last turn go first (files.go).
 	for s.runner == nil && s.op == nil && !s.shutting && (s.phase == phaseActive || s.phase == phaseDraining || s.phase == phaseWaking) {
 		t, ok := s.turns.Next()
 		if !ok {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -206,4 +207,28 @@ use; an agent with no version is not installed on this node.`,
 	dirs.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
 	return cmd
+}
+
+// checkAgents is doctor's line about the agents installed on this node.
+// None installed is no failure: harness sessions need none.
+func checkAgents(dataDir string, extra []agents.Spec) doctorCheck {
+	c := doctorCheck{Name: "agents"}
+	cat, err := newAgentCatalog(dataDir, extra)
+	if err != nil {
+		c.Detail, c.Fix = err.Error(), "correct the agents list of the configuration (docs/agents.md)"
+		return c
+	}
+	var have []string
+	for _, name := range cat.Names() {
+		if in, err := cat.Lookup(name); err == nil {
+			have = append(have, in.Name+" "+in.Version)
+		}
+	}
+	c.OK = true
+	if len(have) == 0 {
+		c.Detail = "none installed: agent sessions need one (atrium agents install claude)"
+		return c
+	}
+	c.Detail = "installed: " + strings.Join(have, ", ")
+	return c
 }

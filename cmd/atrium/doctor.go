@@ -139,6 +139,7 @@ func runDoctor(ctx context.Context, path string, dev bool, getenv func(string) s
 	}
 	if node {
 		checks = append(checks, checkStore(ctx, f, dataDir))
+		checks = append(checks, checkAgents(dataDir, f.Agents)) // agents.go
 	}
 	if f.Auth.Mode == config.AuthOIDC && f.HasRole(config.RoleGateway) {
 		checks = append(checks, checkIssuer(ctx, f.Auth.OIDC.Issuer))

@@ -52,7 +52,7 @@ func TestDoctor_AllGood(t *testing.T) {
 	for _, c := range checks {
 		got[c.Name] = c
 	}
-	for _, name := range []string{"config", "roles", "bubblewrap", "cgroups", "data dir", "nats store", "object store", "listen"} {
+	for _, name := range []string{"config", "roles", "bubblewrap", "cgroups", "data dir", "nats store", "object store", "agents", "listen"} {
 		c, ok := got[name]
 		if !ok || !c.OK {
 			t.Errorf("check %q = %+v (present %v), want ok", name, c, ok)
@@ -63,7 +63,7 @@ func TestDoctor_AllGood(t *testing.T) {
 	}
 	// The text form: one ✓ line per check and a summary.
 	text, err := doctor(t, "--config", p)
-	if err != nil || strings.Count(text, "✓ ") != len(checks) || !strings.Contains(text, "All 8 checks passed.") {
+	if err != nil || strings.Count(text, "✓ ") != len(checks) || !strings.Contains(text, "All 9 checks passed.") {
 		t.Errorf("doctor text output (err %v):\n%s", err, text)
 	}
 }

@@ -64,10 +64,25 @@ type Volume struct {
 	// slog.Default().
 	Logger *slog.Logger
 
-	mu    sync.Mutex // held for a whole Save, Restore, Collect or Delete
-	known bool       // guarded by mu: the workspace holds base (or no copy existed)
-	etag  string     // guarded by mu: ETag of base's manifest; "" when none existed
-	base  *Manifest  // guarded by mu
+	mu     sync.Mutex // held for a whole Save, Restore, Collect or Delete
+	known  bool       // guarded by mu: the workspace holds base (or no copy existed)
+	etag   string     // guarded by mu: ETag of base's manifest; "" when none existed
+	base   *Manifest  // guarded by mu
+	marked *Manifest  // guarded by mu: base at the last Mark or Restore; nil: empty
+}
+
+// Mark returns the manifest the workspace held at the previous Mark (or at
+// the Restore, if none since) and the one it holds now (the last saved or
+// restored; nil for an empty workspace never saved), and makes the current
+// one the next Mark's start. The node marks at the end of each turn and
+// after each file operation, so a turn's changes are the difference between
+// the two, computed from manifests without scanning the workspace again.
+func (v *Volume) Mark() (before, after *Manifest) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	before, after = v.marked, v.base
+	v.marked = v.base
+	return before, after
 }
 
 func (v *Volume) logger() *slog.Logger {
@@ -423,7 +438,7 @@ func (v *Volume) Restore(ctx context.Context, ws Workspace, fence int64) (Stats,
 }
 
 func (v *Volume) restore(ctx context.Context, ws Workspace, fence int64) (Stats, error) {
-	v.known, v.etag, v.base = false, "", nil
+	v.known, v.etag, v.base, v.marked = false, "", nil, nil
 	m, info, err := v.read(ctx)
 	if errors.Is(err, blob.ErrNotFound) {
 		v.known = true // Nothing saved yet: the workspace may be saved as it is.
@@ -472,7 +487,7 @@ func (v *Volume) restore(ctx context.Context, ws Workspace, fence int64) (Stats,
 		return st, err
 	}
 	st.ObjectsRead, st.BytesRead, st.Reused = tr.Objects, tr.Bytes, tr.Reused
-	v.known, v.etag, v.base = true, etag, m
+	v.known, v.etag, v.base, v.marked = true, etag, m, m
 	return st, nil
 }
 

@@ -407,6 +407,8 @@ func codeOfStatus(status int) session.Code {
 		return session.CodePayloadTooLarge
 	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return session.CodeUnavailable
+	case http.StatusInsufficientStorage:
+		return session.CodeInsufficientStorage
 	}
 	return session.CodeInternal
 }
