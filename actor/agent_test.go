@@ -432,6 +432,47 @@ func TestAgent_Rehydrate(t *testing.T) {
 	}
 }
 
+// An agent that supports session/load but lost its session (its home was
+// lost) is re-hydrated too.
+func TestAgent_LoadFailsRehydrates(t *testing.T) {
+	agents := &fakeAgents{dir: buildFakeAgent(t), load: true}
+	e := newEnv(t, withAgents(agents, nil))
+	id := e.create("alice", agentSession())
+	w := e.watch(id)
+	agentRun(t, e, w, id, 1, "remember the word avocado")
+	agentRun(t, e, w, id, 2, "forget")
+	agentRun(t, e, w, id, 3, "crash")
+	if fin := agentRun(t, e, w, id, 4, "recall"); fin.Status != session.TurnOK {
+		t.Fatalf("recall %+v", fin)
+	}
+	got := lastMessage(t, turnEvents(t, w, 4))
+	if !strings.Contains(got, "known: ;") || !strings.Contains(got, "User alice: remember the word avocado") {
+		t.Errorf("recall = %q, want a new session re-hydrated with the earlier prompts", got)
+	}
+}
+
+// Output that is not JSON-RPC, and a 10 MB message, are said in bounded
+// error events; the turn goes on.
+func TestAgent_MalformedOutput(t *testing.T) {
+	agents := &fakeAgents{dir: buildFakeAgent(t)}
+	e := newEnv(t, withAgents(agents, nil))
+	id := e.create("alice", agentSession())
+	w := e.watch(id)
+	fin := agentRun(t, e, w, id, 1, "garbage")
+	evs := turnEvents(t, w, 1)
+	if fin.Status != session.TurnOK || kinds(evs) != "error error agent_message" || lastMessage(t, evs) != "still here" {
+		t.Fatalf("turn %+v events %s", fin, summarize(evs))
+	}
+	for _, ev := range evs[:2] {
+		if len(ev.Data) > 512 || strings.Contains(string(ev.Data), "this is not") {
+			t.Errorf("error event %s is unbounded or quotes the agent", ev.Data)
+		}
+	}
+	if fin := agentRun(t, e, w, id, 2, "hello"); fin.Status != session.TurnOK || agents.launches.Load() != 1 {
+		t.Errorf("next turn %+v, launches %d", fin, agents.launches.Load())
+	}
+}
+
 // The ACP session survives the agent process: after the sandbox slept,
 // and after the node restarted, a new process loads it.
 func TestAgent_LoadAfterSleepAndRestart(t *testing.T) {

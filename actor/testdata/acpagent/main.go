@@ -15,6 +15,8 @@
 //	crash     writes to stderr and exits 3 in the middle of the turn
 //	recall    says the earlier prompts it knows and the transcript it got
 //	mode      says the session mode set with session/set_mode
+//	forget    forgets its sessions (an agent home that was lost)
+//	garbage   writes a line that is not JSON and a 10 MB message, then answers
 //	anything else is echoed
 package main
 
@@ -180,6 +182,18 @@ func prompt(id json.RawMessage, text string) {
 	case cmd == "gemini":
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "g-1", "title": "ls", "kind": "execute", "status": "in_progress"})
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "g-1", "status": "completed"})
+	case cmd == "forget":
+		os.RemoveAll(state)
+		chunk("agent_message_chunk", "forgotten")
+	case cmd == "garbage":
+		outMu.Lock()
+		out.WriteString("this is not JSON-RPC\n")
+		out.WriteString(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"x","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"`)
+		out.WriteString(strings.Repeat("x", 10<<20))
+		out.WriteString("\"}}}}\n")
+		out.Flush()
+		outMu.Unlock()
+		chunk("agent_message_chunk", "still here")
 	case cmd == "mode":
 		chunk("agent_message_chunk", "mode: "+mode)
 	case cmd == "plan":
