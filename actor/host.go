@@ -193,9 +193,6 @@ type Config struct {
 	// Files limits file operations on workspaces (files.go).
 	Files FilesConfig
 
-	// Files limits file operations on workspaces (files.go).
-	Files FilesConfig
-
 	// Agents (actor/agent.go).
 
 	// Agents is the catalog of the ACP agents sessions may run; nil: the

@@ -209,9 +209,6 @@ type sessionActor struct {
 	// files holds the file writes waiting for the running turn (files.go).
 	files fileQueue
 
-	// files holds the file writes waiting for the running turn (files.go).
-	files fileQueue
-
 	// metered: counted in the node's active sessions gauge.
 	metered bool
 	// notes from the model gateway that arrived before the session was
@@ -281,8 +278,6 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 
 func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	switch m := m.(type) {
-	case fileMsg: // files.go
-		m.handle(s)
 	case fileMsg: // files.go
 		m.handle(s)
 	case *idleTimeout:
@@ -388,7 +383,7 @@ func (s *sessionActor) stopIdle() {
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
 	return s.runner == nil && s.op == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
-		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0 && s.files.idle() && s.files.idle()
+		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0 && s.files.idle()
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
@@ -910,7 +905,6 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 func (s *sessionActor) close(ctx proto.Context) {
 	s.phase = phaseClosing
 	s.files.abort() // files.go
-	s.files.abort() // files.go
 	s.h.metrics.hibernated(&s.metered)
 	hist, c := s.hist, s.committer
 	s.committer = nil
@@ -1037,7 +1031,6 @@ func (s *sessionActor) teardownNow(why string) {
 		s.runner.abandon()
 		s.runner = nil
 	}
-	s.files.abort() // files.go
 	s.files.abort() // files.go
 	if s.op != nil {
 		s.op.cancel()

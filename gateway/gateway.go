@@ -349,7 +349,6 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/sessions/{id}/events", s.authed(s.events))
 	mux.Handle("GET /v1/sessions/{id}/ws", s.authed(s.serveWS))
 	s.fileRoutes(mux) // files.go
-	s.fileRoutes(mux) // files.go
 	if cfg.Channels != nil {
 		c, err := s.mountChannels(mux, cfg.Channels)
 		if err != nil {
