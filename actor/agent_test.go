@@ -549,3 +549,35 @@ func TestAgent_HarnessStdinText(t *testing.T) {
 		t.Errorf("turn %+v stdout %q", fin, got)
 	}
 }
+
+// BenchmarkAgent_FirstDelta measures, on a warm agent that answers at once,
+// the time from a prompt's acknowledgement to its first delta reaching a
+// watcher (the node's overhead per turn, DESIGN's < 20 ms p50 goal).
+func BenchmarkAgent_FirstDelta(b *testing.B) {
+	agents := &fakeAgents{dir: buildFakeAgent(b)}
+	e := newEnv(b, withAgents(agents, nil))
+	id := e.create("alice", agentSession())
+	w := e.watch(id)
+	first := make(chan time.Time, 1)
+	sub, err := e.gw.Subscribe(e.subj.Delta(id), func(*nats.Msg) {
+		select {
+		case first <- time.Now():
+		default:
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	agentRun(b, e, w, id, 1, "warm up")
+	<-first
+	var total time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		e.prompt(id, "alice", "hello")
+		acked := time.Now()
+		total += (<-first).Sub(acked)
+		w.until("turn_finished", finished(int64(i+2)))
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N)/1000, "ms/first-delta")
+}
