@@ -1,0 +1,168 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/agents"
+	"github.com/atriumhq/atrium/compute/modelgw"
+	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
+	"github.com/atriumhq/atrium/session"
+)
+
+// agentsCache is where .ci/deps installs the pinned agents (the layout of
+// an agents directory), or ATRIUM_AGENTS_CACHE.
+func agentsCache() string {
+	if d := os.Getenv("ATRIUM_AGENTS_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/atrium-agents"
+}
+
+// requireCachedAgent skips the test loudly when the pinned agent name is
+// not in the cache, and fails it in CI, where .ci/deps installs it.
+func requireCachedAgent(t *testing.T, name string) {
+	t.Helper()
+	cat, err := agents.New(agents.Config{Dir: agentsCache()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := cat.Spec(name)
+	if in, err := cat.Lookup(name); err != nil || in.Version != spec.Version {
+		msg := "SKIPPING REAL-AGENT TEST: " + name + " " + spec.Version + " is not in the agents cache " + agentsCache() + " (run .ci/deps)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
+
+// TestServer_ClaudeAgent runs the real Claude Code (claude-agent-acp from
+// npm, in a bubblewrap sandbox) as a session's agent through the whole
+// server, its model a scripted Anthropic API behind the node's model
+// gateway: a session created with {"agent":"claude"} takes a prompt, the
+// agent asks to write a file, a driver approves, the file is in the
+// workspace and the events show the tool call and the answer. After the
+// server restarts, a second prompt continues the same conversation.
+func TestServer_ClaudeAgent(t *testing.T) {
+	requireCachedAgent(t, "claude")
+	up := modeltest.New(t)
+	up.Match(modeltest.HasTools) // Claude Code's side requests (titles) get the default answer.
+	logs := &testWriter{t: t}
+	t.Cleanup(logs.stop)
+	cfg := server.Config{
+		Listen:         "127.0.0.1:0",
+		DataDir:        t.TempDir(),
+		HibernateAfter: time.Hour,
+		CancelGrace:    2 * time.Second,
+		DrainGrace:     2 * time.Second,
+		AgentsDir:      agentsCache(),
+		AgentMode:      "ask",
+		Models:         modelgw.Config{Providers: []modelgw.Provider{{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: up.URL, APIKey: "sk-real-upstream"}}},
+		Logger:         slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	start := func() *stack {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		defer cancel()
+		srv, err := server.Start(ctx, cfg)
+		if err != nil {
+			t.Fatalf("start server: %v", err)
+		}
+		return &stack{t: t, srv: srv, url: srv.URL()}
+	}
+	stop := func(st *stack) {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		defer cancel()
+		if err := st.srv.Close(ctx); err != nil {
+			t.Errorf("close server: %v", err)
+		}
+	}
+
+	st := start()
+	ann := st.as("ann")
+	var s session.Session
+	ann.must(201, "POST", "/v1/sessions", map[string]any{"title": "claude", "agent": "claude"}, &s)
+
+	up.Push(modeltest.Tool("Write", map[string]any{"file_path": "/workspace/hello.txt", "content": "hello from claude\n"}),
+		modeltest.Text("I wrote hello.txt for you."))
+	begin := time.Now()
+	ann.prompt(s.ID, "Please write hello.txt.")
+	ev := ann.waitEvent(s.ID, 0, "approval_requested", func(ev event) bool { return ev.Kind == session.KindApprovalRequested })
+	var ap session.ApprovalRequestedData
+	ev.decode(t, &ap)
+	if len(ap.Options) == 0 || ap.Title == "" {
+		t.Errorf("approval_requested %s: want the tool call's title and the agent's options", ev.Data)
+	}
+	ann.approve(s.ID, ap.ID, true)
+	if d := ann.waitTurn(s.ID, 1); d.Status != session.TurnOK {
+		t.Fatalf("turn 1 finished %+v\n%s", d, dump(ann.events(s.ID, 0)))
+	}
+	t.Logf("turn 1 (cold agent start, tool call, approval, answer) took %v", time.Since(begin).Round(time.Millisecond))
+	evs := ann.events(s.ID, 0)
+	kinds := map[session.Kind]int{}
+	var message string
+	for _, ev := range evs {
+		kinds[ev.Kind]++
+		if ev.Kind == session.KindAgentMessage {
+			var m session.AgentMessageData
+			ev.decode(t, &m)
+			message += m.Text
+		}
+	}
+	if kinds[session.KindToolCall] == 0 || kinds[session.KindAgentMessage] == 0 || kinds[session.KindApprovalResolved] == 0 {
+		t.Errorf("turn 1 events %v: want tool_call, approval_resolved and agent_message\n%s", kinds, dump(evs))
+	}
+	if !strings.Contains(message, "I wrote hello.txt for you.") {
+		t.Errorf("agent messages %q", message)
+	}
+	ws := filepath.Join(cfg.DataDir, "sandboxes", string(s.ID), "workspace", "hello.txt")
+	if b, err := os.ReadFile(ws); err != nil || string(b) != "hello from claude\n" {
+		t.Errorf("the workspace's hello.txt holds %q, %v", b, err)
+	}
+	// The agent's key was the session's token; upstream got the real key.
+	for _, r := range up.Requests() {
+		if got := r.Header.Get("X-Api-Key"); got != "sk-real-upstream" {
+			t.Errorf("upstream request %s carried key %q, want the configured key", r.Path, got)
+		}
+	}
+
+	// The server restarts: the second prompt goes to a new agent process,
+	// which continues the conversation (session/load, or re-hydration).
+	stop(st)
+	st = start()
+	t.Cleanup(func() { stop(st) })
+	ann = st.as("ann")
+	n := len(up.Requests())
+	up.Push(modeltest.Text("You asked me to write hello.txt."))
+	ann.prompt(s.ID, "What did I ask you before?")
+	if d := ann.waitTurn(s.ID, 2); d.Status != session.TurnOK {
+		t.Fatalf("turn 2 finished %+v\n%s", d, dump(ann.events(s.ID, 0)))
+	}
+	var carried bool
+	for _, r := range up.Requests()[n:] {
+		if r.Scripted && bytes.Contains(r.Body, []byte("Please write hello.txt.")) {
+			carried = true
+		}
+	}
+	if !carried {
+		t.Errorf("after the restart the model's request does not carry the first prompt: the conversation was not continued")
+	}
+	var last string
+	for _, ev := range ann.events(s.ID, 0) {
+		if ev.Kind == session.KindAgentMessage && ev.turn() == 2 {
+			var m session.AgentMessageData
+			ev.decode(t, &m)
+			last += m.Text
+		}
+	}
+	if !strings.Contains(last, "You asked me to write hello.txt.") {
+		t.Errorf("turn 2 agent messages %q", last)
+	}
+}
