@@ -166,3 +166,66 @@ func TestServer_ClaudeAgent(t *testing.T) {
 		t.Errorf("turn 2 agent messages %q", last)
 	}
 }
+
+// TestServer_Agents runs the other built-in agents through the whole server
+// in mode auto, each reaching the scripted model through the node's model
+// gateway in its own API family, base URL form and key header: a tool-using
+// turn writes a file in the workspace and ends with the model's answer.
+func TestServer_Agents(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write modeltest.Reply
+	}{
+		{"codex", modeltest.Tool("exec_command", map[string]any{"cmd": "printf 'hello from the agent\\n' > /workspace/hello.txt"})},
+		{"gemini", modeltest.Tool("write_file", map[string]any{"file_path": "/workspace/hello.txt", "content": "hello from the agent\n"})},
+		{"opencode", modeltest.Tool("write", map[string]any{"filePath": "/workspace/hello.txt", "content": "hello from the agent\n"})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			requireCachedAgent(t, tc.name)
+			up := modeltest.New(t)
+			up.Match(modeltest.HasTools)
+			var dataDir string
+			st := startStack(t, func(c *server.Config) {
+				dataDir = c.DataDir
+				c.AgentsDir, c.AgentMode = agentsCache(), "auto"
+				c.Models.Providers = []modelgw.Provider{
+					{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: up.URL, APIKey: "sk-ant-real"},
+					{Name: "openai", Kind: modelgw.KindOpenAI, BaseURL: up.URL + "/v1", APIKey: "sk-oai-real"},
+					{Name: "gemini", Kind: modelgw.KindGemini, BaseURL: up.URL, APIKey: "gm-real"},
+				}
+			})
+			ann := st.as("ann")
+			var s session.Session
+			ann.must(201, "POST", "/v1/sessions", map[string]any{"title": tc.name, "agent": tc.name}, &s)
+			up.Push(tc.write, modeltest.Text("Done: hello.txt is written."))
+			ann.prompt(s.ID, "Please write hello.txt.")
+			d := ann.waitTurn(s.ID, 1)
+			evs := ann.events(s.ID, 0)
+			if d.Status != session.TurnOK {
+				t.Fatalf("turn 1 finished %+v\n%s", d, dump(evs))
+			}
+			var message string
+			tools := 0
+			for _, ev := range evs {
+				switch ev.Kind {
+				case session.KindAgentMessage:
+					var m session.AgentMessageData
+					ev.decode(t, &m)
+					message += m.Text
+				case session.KindToolCall:
+					tools++
+				}
+			}
+			if tools == 0 || !strings.Contains(message, "Done: hello.txt is written.") {
+				t.Errorf("%d tool calls, agent messages %q\n%s", tools, message, dump(evs))
+			}
+			ws := filepath.Join(dataDir, "sandboxes", string(s.ID), "workspace", "hello.txt")
+			if b, err := os.ReadFile(ws); err != nil || string(b) != "hello from the agent\n" {
+				t.Errorf("the workspace's hello.txt holds %q, %v", b, err)
+			}
+			if up.Pending() != 0 {
+				t.Errorf("%d scripted replies were not asked for", up.Pending())
+			}
+		})
+	}
+}
