@@ -259,6 +259,26 @@ func TestGateway_REST(t *testing.T) {
 			t.Fatalf("viewer cancel: %d %s", code, body)
 		}
 	})
+	t.Run("agent sessions and options", func(t *testing.T) {
+		if code, body := e.call("POST", path+"/approvals/a2", "alice", `{"option_id":"allow_always_1"}`); code != 202 {
+			t.Fatalf("approve with an option: %d %s", code, body)
+		}
+		e.node.mu.Lock()
+		last := e.node.cmds[len(e.node.cmds)-1]
+		e.node.mu.Unlock()
+		if last.Op != session.OpApprove || last.ApprovalID != "a2" || last.OptionID != "allow_always_1" {
+			t.Errorf("node got %+v", last)
+		}
+		for name, body := range map[string]string{
+			"bad agent name":     `{"agent":"no such/agent"}`,
+			"two agents":         `{"agent":"claude","harness":{"agent":"codex"}}`,
+			"agent and template": `{"agent":"claude","harness":"shell"}`,
+		} {
+			if code, got := e.call("POST", "/v1/sessions", "alice", body); code != 400 || errCode(t, got) != session.CodeBadRequest {
+				t.Errorf("%s: got %d %s", name, code, got)
+			}
+		}
+	})
 	t.Run("members", func(t *testing.T) {
 		if code, body := e.call("PUT", path+"/members/dave", "bob", `{"role":"driver"}`); code != 403 || errCode(t, body) != session.CodeForbidden {
 			t.Fatalf("viewer manages: %d %s", code, body)
