@@ -289,6 +289,22 @@ var realAgentCases = []realAgentCase{
 		mode:      agents.ModeAsk,
 	},
 	{
+		name: "claude",
+		write: func(p, content string) modeltest.Reply {
+			return modeltest.Tool("Write", map[string]any{"file_path": p, "content": content})
+		},
+		keyHeader: "X-Api-Key",
+		mode:      agents.ModeAuto,
+	},
+	{
+		name: "codex",
+		write: func(p, content string) modeltest.Reply {
+			return modeltest.Tool("exec_command", map[string]any{"cmd": "printf '%s' " + shellQuote(content) + " > " + shellQuote(p)})
+		},
+		keyHeader: "Authorization", keyPrefix: "Bearer ",
+		mode: agents.ModeAsk,
+	},
+	{
 		// Codex 0.16 (its unified exec) runs commands with exec_command.
 		name: "codex",
 		write: func(p, content string) modeltest.Reply {
@@ -319,7 +335,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 func TestRealAgents(t *testing.T) {
 	for _, tc := range realAgentCases {
-		t.Run(tc.name, func(t *testing.T) { testRealAgent(t, tc) })
+		t.Run(tc.name+"_"+string(tc.mode), func(t *testing.T) { testRealAgent(t, tc) })
 	}
 }
 
