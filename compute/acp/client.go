@@ -129,6 +129,7 @@ type Client struct {
 
 	// Owned by the read loop.
 	tooLong int
+	bad     int // lines that were not JSON-RPC
 }
 
 // Start starts reading the agent's output r; requests are written to w.
@@ -568,7 +569,11 @@ func (c *Client) problem(msg string) {
 func (c *Client) handleLine(line []byte) {
 	var m message
 	if err := json.Unmarshal(line, &m); err != nil {
-		c.log.Warn("agent output line is not JSON-RPC", "bytes", len(line), "err", shortErr(err))
+		// An agent that logs to stdout writes many: the log says the
+		// first few and then every thousandth.
+		if c.bad++; c.bad <= 5 || c.bad%1000 == 0 {
+			c.log.Warn("agent output line is not JSON-RPC", "bytes", len(line), "lines", c.bad, "err", shortErr(err))
+		}
 		c.problem(fmt.Sprintf("the agent wrote a line of %d bytes that is not JSON-RPC; it was ignored", len(line)))
 		return
 	}
