@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/atriumhq/atrium/cmd/atrium/internal/config"
 )
 
 // runAgents runs `atrium agents ARGS…`.
@@ -97,5 +100,27 @@ agents:
 	}
 	if _, _, err := runAgents(t, "ls", "--config", cfg); err == nil || !strings.Contains(err.Error(), "model.api") {
 		t.Errorf("ls with a bad configured agent: %v", err)
+	}
+}
+
+func TestConfig_AgentMode(t *testing.T) {
+	for mode, ok := range map[string]bool{"": true, "ask": true, "auto-edit": true, "auto": true, "yolo": false} {
+		p := filepath.Join(t.TempDir(), "atrium.yaml")
+		if err := os.WriteFile(p, []byte("agent_mode: \""+mode+"\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := config.Load(p, func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = f.Validate(true)
+		if got := err == nil || !strings.Contains(err.Error(), "agent_mode"); got != ok {
+			t.Errorf("agent_mode %q: %v", mode, err)
+		}
+		if ok {
+			if cfg, err := serverConfig(f, io.Discard, func(string) string { return "" }); err != nil || cfg.AgentMode != mode {
+				t.Errorf("agent_mode %q reaches the server as %q, %v", mode, cfg.AgentMode, err)
+			}
+		}
 	}
 }

@@ -88,6 +88,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		PublicURL:          f.PublicURL,
 		AllowedOrigins:     f.AllowedOrigins,
 		Agents:             f.Agents,
+		AgentMode:          f.AgentMode,
 		Logger:             newLogger(logTo, f.Log.Format, f.Log.Level),
 		AccessLog:          f.Log.Access == "on",
 		Sandbox: server.Sandbox{

@@ -113,6 +113,9 @@ type File struct {
 	// Agents adds ACP agents to the built-in ones (claude, codex, gemini,
 	// opencode), or replaces one of the same name (compute/agents.Spec).
 	Agents []agents.Spec `yaml:"agents"`
+	// AgentMode is the permission mode agents run with on this node: ask
+	// (the default), auto-edit or auto (docs/agents.md).
+	AgentMode string `yaml:"agent_mode"`
 	// Models configures the node's model gateway (models.go).
 	Models Models `yaml:"models"`
 }
@@ -534,6 +537,9 @@ func (f *File) Validate(dev bool) error {
 		if err := a.Validate(); err != nil {
 			bad(fmt.Sprintf("agents[%d]", i), "%v", err)
 		}
+	}
+	if _, err := agents.ParseMode(f.AgentMode); err != nil {
+		bad("agent_mode", "%q: want ask, auto-edit or auto", f.AgentMode)
 	}
 	return errors.Join(errs...)
 }
