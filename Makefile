@@ -13,10 +13,13 @@ help: ## List the targets.
 
 .PHONY: build
 build: ## Build bin/atrium.
-	$(GO) build -o $(BIN) ./cmd/atrium
+	@echo "Building $(BIN): the first build downloads the Go modules and compiles for a few minutes, listing each package; later builds take seconds."
+	$(GO) build -v -o $(BIN) ./cmd/atrium
+	@echo "Built $(BIN)."
 
 .PHONY: run
 run: build ## Build and run Atrium on the embedded defaults (embedded NATS, local store, local sandboxes).
+	@echo "Starting: $(BIN) dev --listen $(LISTEN) --data $(DATA)"
 	./$(BIN) dev --listen $(LISTEN) --data $(DATA)
 
 .PHONY: test

@@ -38,7 +38,11 @@ changes, session creation and deletion, and requests refused for lack of a
 role, with who, when and from where. Only tenant admins may read it.
 
 Actions: login, login_failed, logout, auth_failed, token_created,
-token_revoked, member_changed, sessionFlagcreated, sessionFlagdeleted, denied.
+token_revoked, member_changed, session_created, session_deleted, denied,
+secret_set, secret_deleted, egress_set, task_started, schedule_created,
+schedule_deleted, schedule_paused, schedule_resumed, schedule_run,
+dead_letter_retried, dead_letter_dropped, webhook_subscribed,
+webhook_unsubscribed.
 
 --since and --until take a duration before now (24h, 7d), a date
 (2026-01-31, midnight local time) or an RFC 3339 time. --limit is the most
@@ -156,8 +160,8 @@ func printAudit(env *cliEnv, entries []client.AuditEntry, now time.Time) error {
 			actor += " (" + e.Via + ")"
 		}
 		fmt.Fprintln(tw, strings.Join([]string{
-			clock(session.Time{Time: e.Time}, now), dash(actor), dash(e.Action), dash(e.Outcome),
-			dash(e.Session), dash(e.Target), dash(e.Remote), dash(e.Detail),
+			clock(session.Time{Time: e.Time}, now), safeLine(dash(actor)), safeLine(dash(e.Action)), safeLine(dash(e.Outcome)),
+			safeLine(dash(e.Session)), safeLine(dash(e.Target)), safeLine(dash(e.Remote)), safeLine(dash(e.Detail)),
 		}, "\t"))
 	}
 	return tw.Flush()

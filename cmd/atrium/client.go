@@ -88,8 +88,9 @@ const connHelp = `
 Connection: --server (or ATRIUM_SERVER, default ` + DefaultServer + `) is the
 gateway's URL. The credentials are, in this order: --token (or ATRIUM_TOKEN),
 a bearer token such as an API token atr_...; the login stored by
-'atrium login' for that server, refreshed as needed; or else dev:$USER, the
-dev identity that 'atrium dev' accepts from this machine.`
+'atrium login' for that server, refreshed as needed; or else dev:$USER (your
+operating system's user name, or "dev"), the dev identity that 'atrium dev'
+accepts from this machine and its banner's browser link uses too.`
 
 func (f *connFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.server, "server", DefaultServer, "gateway URL (env "+envServer+")")
@@ -140,11 +141,7 @@ func (f *connFlags) client(cmd *cobra.Command, env *cliEnv) (*client.Client, err
 			return nil, err
 		}
 		if src == nil {
-			user := lookupEnv(env, "USER")
-			if user == "" {
-				user = "you"
-			}
-			c.Token, f.source = "dev:"+user, sourceDev
+			c.Token, f.source = "dev:"+devUser(env.getenv), sourceDev
 			break
 		}
 		// Refresh now, so an expired login is reported before the

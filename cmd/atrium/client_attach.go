@@ -40,7 +40,8 @@ Commands you can type:
 
 If the connection drops, attach reconnects by itself and resumes exactly where
 it was; nothing is missed or shown twice. Detaching leaves the session and its
-running turn alone.`,
+running turn alone. A turn that fails shows why (its last error); attach then
+exits with status 1 if the last turn that finished while it watched failed.`,
 		Example: `  atrium attach s_3kq7xq4m2fdh2dnbw5ad
   atrium attach ID --history 0     # only new events
   atrium attach ID --history -1    # the whole history first`,
@@ -99,7 +100,7 @@ func attach(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, h
 			return nil
 		case <-linger:
 			fmt.Fprintf(env.stderr, "detached; %d prompt(s) got no answer yet: check with 'atrium logs %s'\n", len(v.pending), id)
-			return nil
+			return v.result
 		case f, ok := <-st.Frames():
 			if !ok {
 				if interrupted(ctx) {
@@ -108,16 +109,17 @@ func attach(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, h
 				return st.Err()
 			}
 			v.frame(f)
-			if linger != nil && len(v.pending) == 0 {
+			if linger != nil && len(v.pending) == 0 && v.caughtUp(after) {
 				fmt.Fprintln(env.stderr, "detached")
-				return nil
+				return v.result
 			}
 		case line, ok := <-lines:
 			if !ok {
-				// EOF: piped prompts still deserve their ack or error.
-				if len(v.pending) == 0 {
+				// EOF: piped prompts still deserve their ack or error,
+				// and the history asked for is shown first.
+				if len(v.pending) == 0 && v.caughtUp(after) {
 					fmt.Fprintln(env.stderr, "detached")
-					return nil
+					return v.result
 				}
 				lines = nil
 				linger = time.After(attachSendTimeout)
@@ -125,7 +127,7 @@ func attach(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, h
 			}
 			if done := v.input(ctx, st, line); done {
 				fmt.Fprintln(env.stderr, "detached")
-				return nil
+				return v.result
 			}
 		}
 	}
@@ -148,6 +150,11 @@ func readLines(r io.Reader, lines chan<- string, quit <-chan struct{}) {
 // stdout, notices on stderr.
 type attachView struct {
 	env      *cliEnv
+	out      io.Writer   // env.stdout, showing control characters as escapes (termsafe.go)
+	live     session.Seq // events after it happened while attached
+	seen     session.Seq // the last event shown
+	reason   string      // the message of the last error event since a turn finished
+	result   error       // the last finished turn's turnResult: attach's exit
 	id       session.ID
 	now      time.Time
 	notices  notices
@@ -157,7 +164,10 @@ type attachView struct {
 }
 
 func (v *attachView) frame(f client.Frame) {
-	out, errw := v.env.stdout, v.env.stderr
+	if v.out == nil {
+		v.out = safeOutput(v.env.stdout)
+	}
+	out, errw := v.out, safeOutput(v.env.stderr)
 	switch {
 	case f.Reconnect != nil:
 		v.notices.w = errw
@@ -169,6 +179,7 @@ func (v *attachView) frame(f client.Frame) {
 		}
 		v.attached = true
 		h := f.Hello
+		v.live = h.LastSeq
 		title := ""
 		if h.Session.Title != "" {
 			title = fmt.Sprintf(" %q", h.Session.Title)
@@ -195,6 +206,7 @@ func (v *attachView) frame(f client.Frame) {
 			fmt.Fprintf(errw, "  hint: ask the owner for the driver role: atrium share %s YOU --role driver\n", v.id)
 		}
 	case f.Event != nil:
+		v.seen = max(v.seen, f.Event.Seq)
 		v.event(out, errw, *f.Event)
 	}
 }
@@ -221,7 +233,19 @@ func (v *attachView) event(out, errw io.Writer, ev session.Event) {
 			io.WriteString(w, "\n")
 		}
 	case session.KindTurnFinished:
-		fmt.Fprintf(out, "-- %s\n", summary(ev))
+		res := turnResult(ev, v.reason)
+		if ev.Seq > v.live {
+			v.result = res
+		}
+		line := summary(ev)
+		if res != nil && v.reason != "" {
+			line += ": " + oneLine(v.reason, 500)
+		}
+		v.reason = ""
+		fmt.Fprintf(out, "-- %s\n", line)
+	case session.KindError:
+		v.reason = errorMessage(ev)
+		fmt.Fprintf(out, "-- %s %s: %s\n", ev.Kind, ev.By, summary(ev))
 	case session.KindApprovalRequested:
 		var d session.ApprovalRequestedData
 		_ = json.Unmarshal(ev.Data, &d)
@@ -233,6 +257,12 @@ func (v *attachView) event(out, errw io.Writer, ev session.Event) {
 	default:
 		fmt.Fprintf(out, "-- %s %s: %s\n", ev.Kind, ev.By, summary(ev))
 	}
+}
+
+// caughtUp reports whether the hello has come and the history from after
+// to the session's end at attach time has been shown.
+func (v *attachView) caughtUp(after session.Seq) bool {
+	return v.attached && (v.seen >= v.live || v.live <= after)
 }
 
 // presence prints who joined and left, then who is watching now.

@@ -150,10 +150,9 @@ func (p *eventPrinter) print(ev session.Event, raw json.RawMessage) error {
 		_, err := p.out.Write(b)
 		return err
 	}
-	line := fmt.Sprintf("%6d  %s  %-10s %-18s %s", ev.Seq, clock(ev.Time, p.now), ev.By, ev.Kind, summary(ev))
-	if !strings.HasSuffix(line, "\n") {
-		line += "\n"
-	}
+	// One line per event, whatever its text holds (termsafe.go).
+	line := safeLine(fmt.Sprintf("%6d  %s  %-10s %-18s %s", ev.Seq, clock(ev.Time, p.now), ev.By, ev.Kind,
+		strings.TrimSuffix(summary(ev), "\n"))) + "\n"
 	_, err := io.WriteString(p.out, line)
 	return err
 }
@@ -260,7 +259,7 @@ func allowWord(allow bool) string {
 
 // oneLine puts s on one line, shortened to about n bytes.
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = safeLine(strings.Join(strings.Fields(s), " "))
 	if len(s) > n {
 		cut := n
 		for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence

@@ -74,6 +74,9 @@ Ctrl-C stops waiting, not the turn. With --json, print {"seq":N}, or with
 // finishes, printing the turn's output.
 func waitTurn(cmd *cobra.Command, env *cliEnv, c *client.Client, id session.ID, seq session.Seq, asJSON bool) error {
 	ctx := cmd.Context()
+	safe := *env
+	safe.stdout, safe.stderr = safeOutput(env.stdout), safeOutput(env.stderr)
+	env = &safe
 	st, err := c.Watch(ctx, id, seq, client.WatchOptions{})
 	if err != nil {
 		if interrupted(ctx) {
@@ -82,7 +85,8 @@ func waitTurn(cmd *cobra.Command, env *cliEnv, c *client.Client, id session.ID, 
 		return err
 	}
 	defer st.Close()
-	var turn int64 // 0 until the prompt's turn started
+	var turn int64    // 0 until the prompt's turn started
+	var reason string // the message of the turn's last error event
 	n := notices{w: env.stderr}
 	for f := range st.Frames() {
 		switch {
@@ -103,7 +107,10 @@ func waitTurn(cmd *cobra.Command, env *cliEnv, c *client.Client, id session.ID, 
 				}
 				turn = head.Turn
 			}
-			if head.Turn != turn {
+			if ev.Kind == session.KindError {
+				// Errors name no turn: those while it runs are its own.
+				reason = errorMessage(ev)
+			} else if head.Turn != turn {
 				continue
 			}
 			if asJSON {
@@ -114,7 +121,7 @@ func waitTurn(cmd *cobra.Command, env *cliEnv, c *client.Client, id session.ID, 
 				return err
 			}
 			if ev.Kind == session.KindTurnFinished {
-				return turnResult(ev)
+				return turnResult(ev, reason)
 			}
 		}
 	}
@@ -153,8 +160,9 @@ func printTurnEvent(env *cliEnv, id session.ID, ev session.Event) error {
 }
 
 // turnResult is nil for a turn that finished ok, else an error (exit 1)
-// naming its status and exit code.
-func turnResult(ev session.Event) error {
+// naming its status and exit code, and why it failed when an error event
+// said so (reason).
+func turnResult(ev session.Event, reason string) error {
 	var d session.TurnFinishedData
 	if err := json.Unmarshal(ev.Data, &d); err != nil {
 		return fmt.Errorf("decode turn_finished event %d: %w", ev.Seq, err)
@@ -162,7 +170,24 @@ func turnResult(ev session.Event) error {
 	if d.Status == session.TurnOK {
 		return nil
 	}
-	return exitError{code: 1, msg: fmt.Sprintf("turn %d %s (exit code %d)", d.Turn, d.Status, d.ExitCode)}
+	msg := fmt.Sprintf("turn %d %s (exit code %d)", d.Turn, d.Status, d.ExitCode)
+	if reason != "" {
+		msg += ": " + reason
+	}
+	return exitError{code: 1, msg: safeText(msg)}
+}
+
+// errorMessage is the message of an error event, or its code when it has
+// none.
+func errorMessage(ev session.Event) string {
+	var d session.ErrorData
+	if json.Unmarshal(ev.Data, &d) != nil {
+		return ""
+	}
+	if d.Message == "" {
+		return string(d.Code)
+	}
+	return d.Message
 }
 
 func stillRunning(id session.ID, seq session.Seq) error {

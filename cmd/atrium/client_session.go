@@ -184,6 +184,7 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 	var (
 		conn   connFlags
 		asJSON bool
+		quiet  bool
 	)
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -191,6 +192,7 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 		Short:   "List the sessions you can see",
 		Long:    `List the sessions you own or that were shared with you, oldest first.`,
 		Example: `  atrium ls
+  atrium ls -q | tail -n1          # the id of the newest session
   atrium ls --json | jq -r '.[].id'`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -207,6 +209,12 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 					list = []session.Session{}
 				}
 				return writeJSON(env.stdout, list)
+			}
+			if quiet {
+				for _, s := range list {
+					fmt.Fprintln(env.stdout, s.ID)
+				}
+				return nil
 			}
 			if len(list) == 0 {
 				fmt.Fprintln(env.stderr, "No sessions yet. Create one with: atrium new --title NAME")
@@ -226,6 +234,7 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 		},
 	}
 	conn.register(cmd)
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the session ids, one a line")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sessions as a JSON array")
 	return cmd
 }
@@ -279,21 +288,24 @@ func newShareCmd(env *cliEnv) *cobra.Command {
 		role string
 	)
 	cmd := &cobra.Command{
-		Use:   "share ID USER --role viewer|driver|none",
+		Use:   "share ID USER --role viewer|driver|owner|none",
 		Short: "Give someone a role on a session, or take it away",
 		Long: `Give USER a role on a session you own: a viewer reads and watches; a driver
-also prompts, cancels and answers approvals. --role none removes them.`,
+also prompts, cancels and answers approvals; an owner also shares the session
+and deletes it. --role none removes them (the session's creator stays its
+owner).`,
 		Example: `  atrium share ID bob --role driver
   atrium share ID carol --role viewer
+  atrium share ID dana --role owner
   atrium share ID bob --role none`,
 		Args: exactArgs("ID", "USER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("role") {
-				return usageError(cmd, "--role is required: viewer, driver or none")
+				return usageError(cmd, "--role is required: viewer, driver, owner or none")
 			}
 			r, err := session.ParseRole(role)
 			if err != nil {
-				return usageError(cmd, "--role %q: want viewer, driver or none", role)
+				return usageError(cmd, "--role %q: want viewer, driver, owner or none", role)
 			}
 			c, err := conn.client(cmd, env)
 			if err != nil {
@@ -312,7 +324,7 @@ also prompts, cancels and answers approvals. --role none removes them.`,
 		},
 	}
 	conn.register(cmd)
-	cmd.Flags().StringVar(&role, "role", "", "viewer, driver, or none to remove")
+	cmd.Flags().StringVar(&role, "role", "", "viewer, driver, owner, or none to remove")
 	return cmd
 }
 
@@ -320,15 +332,20 @@ func newApproveCmd(env *cliEnv) *cobra.Command {
 	var (
 		conn connFlags
 		deny bool
+		wait time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "approve ID APPROVAL_ID",
 		Short: "Answer a harness's approval request",
 		Long: `Answer an approval request of the running turn (an approval_requested event,
 shown by 'atrium logs' and 'atrium attach'): allow it, or deny it with --deny.
-Needs the driver or owner role.`,
+Needs the driver or owner role.
+
+An approval that is not pending yet (the turn asking for it is queued or just
+starting) is waited for, up to --wait.`,
 		Example: `  atrium approve ID a1
-  atrium approve ID a1 --deny`,
+  atrium approve ID a1 --deny
+  atrium approve ID a1 --wait 0    # fail at once if a1 is not pending`,
 		Args: exactArgs("ID", "APPROVAL_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := conn.client(cmd, env)
@@ -336,7 +353,23 @@ Needs the driver or owner role.`,
 				return err
 			}
 			id, aid := session.ID(args[0]), args[1]
-			if err := c.Approve(cmd.Context(), id, aid, !deny); err != nil {
+			deadline := time.Now().Add(wait)
+			said := false
+			for {
+				err = c.Approve(cmd.Context(), id, aid, !deny)
+				if !errors.Is(err, session.ErrNotFound) || !time.Now().Before(deadline) || cmd.Context().Err() != nil {
+					break
+				}
+				if !said {
+					fmt.Fprintf(env.stderr, "approval %s is not pending yet; waiting up to %v…\n", safeLine(aid), wait)
+					said = true
+				}
+				select {
+				case <-cmd.Context().Done():
+				case <-time.After(approveRetry): // Polling interval.
+				}
+			}
+			if err != nil {
 				if errors.Is(err, session.ErrNotFound) {
 					return cliError{err: err, msg: fmt.Sprintf("no pending approval %q in %s (or no such session)", aid, id),
 						hint: "pending approvals show in 'atrium logs " + string(id) + "' as approval_requested"}
@@ -349,8 +382,16 @@ Needs the driver or owner role.`,
 	}
 	conn.register(cmd)
 	cmd.Flags().BoolVar(&deny, "deny", false, "deny instead of allow")
+	cmd.Flags().DurationVar(&wait, "wait", DefaultApproveWait, "how long to wait for the approval to be requested")
 	return cmd
 }
+
+// DefaultApproveWait is how long `atrium approve` waits for an approval that
+// is not pending yet; approveRetry is how often it asks again meanwhile.
+const (
+	DefaultApproveWait = 15 * time.Second
+	approveRetry       = 200 * time.Millisecond
+)
 
 func newRmCmd(env *cliEnv) *cobra.Command {
 	var conn connFlags

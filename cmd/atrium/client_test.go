@@ -388,7 +388,7 @@ func TestCLI_Errors(t *testing.T) {
 		"harness and cmd":    {nil, []string{"new", "--harness", "x", "--command", "y"}, 2, []string{"not both"}},
 		"bad command":        {nil, []string{"new", "--command", `"oops`}, 2, []string{"unterminated double quote"}},
 		"share without role": {nil, []string{"share", "s_1", "bob"}, 2, []string{"--role is required"}},
-		"bad role":           {nil, []string{"share", "s_1", "bob", "--role", "king"}, 2, []string{"want viewer, driver or none"}},
+		"bad role":           {nil, []string{"share", "s_1", "bob", "--role", "king"}, 2, []string{"want viewer, driver, owner or none"}},
 		"empty prompt":       {nil, []string{"send", "s_1", "  "}, 2, []string{"prompt is empty"}},
 		"bad server url":     {map[string]string{"ATRIUM_SERVER": "localhost:7080"}, []string{"ls"}, 2, []string{"http://"}},
 		"bad token":          {map[string]string{"ATRIUM_TOKEN": "nope"}, []string{"ls"}, 1, []string{"invalid token", "pass --token or set ATRIUM_TOKEN"}},
@@ -424,7 +424,7 @@ func TestCLI_TokenAndServerResolution(t *testing.T) {
 		want string
 	}{
 		"dev user":       {map[string]string{"USER": "carol"}, nil, "Bearer dev:carol"},
-		"no user":        {map[string]string{"USER": ""}, nil, "Bearer dev:you"},
+		"no user":        {map[string]string{"USER": ""}, nil, "Bearer dev:" + devUser(func(string) string { return "" })},
 		"env token":      {map[string]string{"ATRIUM_TOKEN": "dev:dave"}, nil, "Bearer dev:dave"},
 		"flag over env":  {map[string]string{"ATRIUM_TOKEN": "dev:dave"}, []string{"--token", "dev:erin"}, "Bearer dev:erin"},
 		"server flag":    {map[string]string{"ATRIUM_SERVER": "http://127.0.0.1:1"}, []string{"--server", other.URL}, ""},

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -128,7 +129,9 @@ func invoke(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, t
 		}
 	})
 	defer notice.Stop()
-	p := invokePrinter{env: env, id: id, asJSON: asJSON, started: started}
+	safe := *env
+	safe.stdout, safe.stderr = safeOutput(env.stdout), safeOutput(env.stderr)
+	p := invokePrinter{env: &safe, id: id, asJSON: asJSON, started: started}
 	err = readSSE(resp.Body, p.event)
 	if p.exit != nil {
 		return p.result()
@@ -193,6 +196,7 @@ type invokePrinter struct {
 	asJSON  bool
 	started chan struct{} // closed at the start event
 	exit    *invokeExit   // set by the exit event
+	reason  string        // the message of the last error event
 }
 
 type invokeExit struct {
@@ -203,6 +207,12 @@ type invokeExit struct {
 func (p *invokePrinter) event(name string, data []byte) (bool, error) {
 	if name == "start" {
 		close(p.started)
+	}
+	if name == "error" {
+		var d session.ErrorData
+		if json.Unmarshal(data, &d) == nil {
+			p.reason = cmp.Or(d.Message, string(d.Code))
+		}
 	}
 	if name == "exit" {
 		var x invokeExit
@@ -259,8 +269,16 @@ func (p *invokePrinter) result() error {
 	case session.TurnTimeout:
 		return exitError{code: exitTimeout, msg: "the turn timed out (the server's turn_timeout)"}
 	}
-	if x.ExitCode > 0 && x.ExitCode < 256 {
+	if x.ExitCode > 0 && x.ExitCode < 256 && p.reason == "" {
 		return exitError{code: x.ExitCode} // the harness said why on stderr.
 	}
-	return exitError{code: 1, msg: fmt.Sprintf("the turn %s (exit code %d)", x.Status, x.ExitCode)}
+	msg := fmt.Sprintf("the turn %s (exit code %d)", x.Status, x.ExitCode)
+	if p.reason != "" {
+		msg += ": " + safeText(p.reason)
+	}
+	code := 1
+	if x.ExitCode > 0 && x.ExitCode < 256 {
+		code = x.ExitCode
+	}
+	return exitError{code: code, msg: msg}
 }

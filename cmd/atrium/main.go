@@ -30,11 +30,11 @@ func main() {
 		var ee exitError
 		if errors.As(err, &ee) {
 			if ee.msg != "" {
-				fmt.Fprintln(os.Stderr, "atrium: "+ee.msg)
+				fmt.Fprintln(os.Stderr, "atrium: "+safeText(ee.msg))
 			}
 			os.Exit(ee.code)
 		}
-		fmt.Fprintln(os.Stderr, "atrium: "+err.Error())
+		fmt.Fprintln(os.Stderr, "atrium: "+safeText(err.Error()))
 		os.Exit(1)
 	}
 }
@@ -56,6 +56,13 @@ type exitError struct {
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d: %s", e.code, e.msg) }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
+	// What others wrote reaches the terminal only as visible text
+	// (termsafe.go). Standard output that is not a terminal is data for a
+	// program, passed as it is; standard error is only ever messages.
+	if isTerminal(stdout) {
+		stdout = newSafeWriter(stdout)
+	}
+	stderr = newSafeWriter(stderr)
 	env := &cliEnv{stdout: stdout, stderr: stderr, stdin: stdin, getenv: getenv}
 	root := newRootCmd(env)
 	root.SetArgs(args)
@@ -87,7 +94,7 @@ Start a single-machine server with 'atrium dev', then use the client commands.`,
 		root.AddCommand(c)
 	}
 	root.AddCommand(newSandboxAgentCmd(env))
-	for _, c := range append(clientCommands(env), fileCommands(env)...) { // fileCommands: files.go
+	for _, c := range clientCommands(env) {
 		if c.GroupID == "" {
 			c.GroupID = "client"
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -115,6 +117,12 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Secure: !s3.Insecure,
 		}
 	}
+	// Validate has parsed them already.
+	proxies, err := auth.ParseTrustedProxies(f.TrustedProxies)
+	if err != nil {
+		return cfg, fmt.Errorf("trusted_proxies: %w", err)
+	}
+	cfg.TrustedProxies = proxies
 	if f.Sandbox.Provider == server.ProviderRemote {
 		hookLog := cfg.Logger.With("component", "sandbox-hook")
 		if r := f.Sandbox.Remote; r.URL != "" {
@@ -132,7 +140,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		cfg.OIDC = auth.OIDCConfig{
 			Issuer: o.Issuer, ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
 			Audience: o.Audience, UserClaim: o.UserClaim, TenantClaim: o.TenantClaim, DefaultTenant: o.DefaultTenant,
-			GroupsClaim: o.GroupsClaim, AdminGroup: o.AdminGroup, CookieKey: key, CookieTTL: f.Auth.CookieTTL,
+			GroupsClaim: o.GroupsClaim, AdminGroup: o.AdminGroup, OperatorGroup: o.OperatorGroup, CookieKey: key, CookieTTL: f.Auth.CookieTTL,
 			CLIClientID: o.CLIClientID, CLIClientSecret: o.CLIClientSecret,
 		}
 	}
@@ -184,25 +192,16 @@ func runServer(ctx context.Context, env *cliEnv, cfg server.Config) error {
 		fmt.Fprintf(env.stdout, "\nAtrium node %s is running (roles: %s)\n  data:   %s\n  health: %s/healthz, %s/readyz, %s/metrics\n\nPress Ctrl-C to stop (it drains: turns get %v to finish).\n",
 			srv.NodeID(), strings.Join(srv.Roles(), ", "), srv.DataDir(), url, url, url, drainGrace(cfg))
 	case srv.AuthMode() == server.AuthDev:
-		fmt.Fprintf(env.stdout, `
-Atrium dev server is running at %s
-  data:  %s
-
-  DEV AUTHENTICATION IS ON: any local client can act as any user with
-  'Authorization: Bearer dev:<user>' (loopback only). Do not expose this server.
-  Browser: %s/auth/dev?user=$USER
-
-Try it (in another terminal):
-  curl -s -X POST -H 'Authorization: Bearer dev:alice' %s/v1/sessions -d '{"title":"hello"}'
-  ./bin/atrium new --title hello && ./bin/atrium send <ID> 'echo hello from the sandbox' --wait
-
-Press Ctrl-C to stop.
-`, url, srv.DataDir(), url, url)
+		fmt.Fprint(env.stdout, devBanner(url, srv.DataDir(), devUser(env.getenv), selfCommand()))
 	case srv.AuthMode() == server.AuthOIDC:
 		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (public URL %s)\n  data:  %s\n  login: %s/auth/login (OIDC %s)\n  CLI:   atrium login --server %s\n\nPress Ctrl-C to stop.\n",
 			url, srv.PublicURL(), srv.DataDir(), srv.PublicURL(), cfg.OIDC.Issuer, srv.PublicURL())
 	default:
-		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (API tokens only)\n  data:  %s\n\nPress Ctrl-C to stop.\n", url, srv.DataDir())
+		fmt.Fprintf(env.stdout, "\nAtrium is running at %s (API tokens only)\n  data:  %s\n\n"+
+			"  First token (on this machine, as a user who can read the data dir):\n"+
+			"    %s token create --bootstrap --data %s --server %s --user admin --name admin-cli\n"+
+			"  (see docs/auth.md, \"API tokens only\")\n\nPress Ctrl-C to stop.\n",
+			url, srv.DataDir(), selfCommand(), shellQuote(srv.DataDir()), url)
 	}
 	if srv.IsGateway() && srv.IsNode() {
 		// One process: nothing to say about roles.
@@ -238,4 +237,44 @@ func drainGrace(cfg server.Config) time.Duration {
 		return cfg.DrainGrace
 	}
 	return config.DefaultDrainGrace
+}
+
+// devBanner is what `atrium dev` prints when it is ready: where it is, and
+// commands that work as they are pasted, as the dev user the CLI acts as by
+// default (devUser), so that the browser and the CLI see the same sessions.
+func devBanner(url, dataDir, user, cli string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nAtrium dev server is running at %s\n  data:  %s\n\n", url, dataDir)
+	b.WriteString("  DEV AUTHENTICATION IS ON: any local client can act as any user with\n" +
+		"  'Authorization: Bearer dev:<user>' (loopback only). Do not expose this server.\n\n")
+	fmt.Fprintf(&b, "  Browser, signed in as %s (the user the CLI acts as on this machine):\n    %s/auth/dev?%s\n\n",
+		user, url, neturl.Values{"user": {user}}.Encode())
+	b.WriteString("Try it (in another terminal, in this directory):\n")
+	if url != DefaultServer {
+		fmt.Fprintf(&b, "  export %s=%s\n", envServer, url)
+	}
+	fmt.Fprintf(&b, "  ID=$(%s new --title hello) && %s send \"$ID\" 'echo hello from the sandbox' --wait\n", cli, cli)
+	fmt.Fprintf(&b, "  curl -s -H %s %s/v1/sessions\n", shellQuote("Authorization: Bearer dev:"+user), url)
+	b.WriteString("\nPress Ctrl-C to stop.\n")
+	return b.String()
+}
+
+// selfCommand is how a person in the server's working directory runs this
+// binary: the path it was started by when that has a slash (./bin/atrium),
+// else "atrium" (found on PATH).
+func selfCommand() string {
+	if p := os.Args[0]; strings.Contains(p, "/") {
+		return shellQuote(p)
+	}
+	return "atrium"
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+=,", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

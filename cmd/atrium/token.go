@@ -47,6 +47,7 @@ func newTokenCreateCmd(env *cliEnv) *cobra.Command {
 		expires string
 		role    string
 		asJSON  bool
+		boot    bootstrapFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create --name NAME",
@@ -59,10 +60,21 @@ TOKEN=$(atrium token create ...) works.
 --expires takes a duration from now (30d, 720h, 90m), a date (2027-01-01,
 midnight local time) or an RFC 3339 time; without it the server's default
 applies. --role caps what the token may do on any session: viewer, driver or
-owner; without it the token has all of your rights.`,
+owner; without it the token has all of your rights.
+
+--bootstrap makes the first tokens of a server that accepts only API tokens
+(auth.mode tokens), where nobody can log in to create one: run it on the
+server's machine as a user who can read the server's data directory (--data,
+or --config to read data_dir from the server's configuration). It reads the
+key the server keeps there (bootstrap.key, mode 0600) and creates a token for
+--user (default admin), who is made an admin of --tenant (default: the default
+tenant) and an operator. Give the token to that person; they use it from
+anywhere. Anyone who can read the data directory can do this, so keep it
+readable by the server's user only.`,
 		Example: `  atrium token create --name ci --expires 30d
   atrium token create --name dashboard --role viewer --expires 2027-01-01
-  atrium token create --name deploy-bot --role driver --json | jq -r .token`,
+  atrium token create --name deploy-bot --role driver --json | jq -r .token
+  sudo -u atrium atrium token create --bootstrap --data /var/lib/atrium --user alice --name alice-laptop`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if strings.TrimSpace(name) == "" {
@@ -83,7 +95,15 @@ owner; without it the token has all of your rights.`,
 				}
 				req.Role = r
 			}
-			c, err := conn.client(cmd, env)
+			var c *client.Client
+			var err error
+			if boot.on {
+				c, err = boot.client(cmd, env, &conn)
+			} else if boot.set(cmd) {
+				return usageError(cmd, "--user, --tenant, --data and --config go with --bootstrap")
+			} else {
+				c, err = conn.client(cmd, env)
+			}
 			if err != nil {
 				return err
 			}
@@ -114,6 +134,7 @@ owner; without it the token has all of your rights.`,
 	f.StringVar(&expires, "expires", "", "when it expires: 30d, 720h, 2027-01-01 or an RFC 3339 time (default: the server's)")
 	f.StringVar(&role, "role", "", "cap the token at viewer, driver or owner (default: all of your rights)")
 	f.BoolVar(&asJSON, "json", false, `print {"token","info"} as JSON`)
+	boot.register(cmd)
 	return cmd
 }
 

@@ -113,7 +113,7 @@ func TestValidate_Cluster(t *testing.T) {
 		"short lease":               {yaml: "node: {lease_ttl: 100ms}\n", want: []string{"node.lease_ttl: 100ms is too short"}},
 		"negative drain":            {yaml: "node: {drain_grace: -1s}\n", want: []string{"node.drain_grace: must be positive"}},
 		"short checkpoints":         {yaml: "node: {checkpoint_interval: 10ms}\n", want: []string{"node.checkpoint_interval"}},
-		"unknown nats key":          {yaml: "nats: {url: 'nats://n:4222'}\n", want: []string{"field url not found"}},
+		"unknown nats key":          {yaml: "nats: {url: 'nats://n:4222'}\n", want: []string{"unknown key url in nats: did you mean urls?"}},
 		"serve: node needs no auth": {yaml: "roles: [node]\nnats: {urls: ['nats://n:4222']}\n", serve: true},
 		"serve: node ignores dev":   {yaml: "roles: [node]\nauth: {mode: dev}\nnats: {urls: ['nats://n:4222']}\n", serve: true},
 		"serve: gateway needs auth": {yaml: "roles: [gateway]\nnats: {urls: ['nats://n:4222']}\n", serve: true, want: []string{"auth.mode: required"}},

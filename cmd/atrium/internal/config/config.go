@@ -26,6 +26,7 @@ import (
 
 	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/compute/egress"
+	"github.com/atriumhq/atrium/gateway/auth"
 )
 
 // Defaults of File.
@@ -89,6 +90,11 @@ type File struct {
 	// AllowedOrigins lists extra browser origins allowed to open WebSockets
 	// and send state-changing requests (patterns as in path.Match).
 	AllowedOrigins []string `yaml:"allowed_origins"`
+	// TrustedProxies are the addresses or CIDR prefixes of the reverse
+	// proxies in front of the gateway (an ingress, a load balancer): their
+	// X-Forwarded-For names the client, for the failed-login throttle, the
+	// audit log and the access log. Anyone else's X-Forwarded-For is ignored.
+	TrustedProxies []string `yaml:"trusted_proxies"`
 	// Roles are what this process runs: RoleGateway, RoleNode, or both (the
 	// default). Processes with one role share an external NATS cluster.
 	Roles []string `yaml:"roles"`
@@ -205,6 +211,9 @@ type OIDC struct {
 	// AdminGroup are tenant admins.
 	GroupsClaim string `yaml:"groups_claim"`
 	AdminGroup  string `yaml:"admin_group"`
+	// OperatorGroup's members are operators: they read the whole cluster's
+	// state (atrium cluster status), every tenant's included.
+	OperatorGroup string `yaml:"operator_group"`
 	// CLIClientID (and a non-confidential CLIClientSecret, for providers
 	// that require one from installed apps) is the client `atrium login`
 	// uses; default ClientID.
@@ -347,7 +356,7 @@ func Parse(b []byte, f *File) error {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(f); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("parse: %w", err)
+		return fmt.Errorf("parse: %w", explainUnknownKeys(err)) // suggest.go
 	}
 	var extra any
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -426,6 +435,9 @@ func (f *File) Validate(dev bool) error {
 		if u, err := url.Parse(f.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad("public_url", "%q is not an http(s) URL", f.PublicURL)
 		}
+	}
+	if _, err := auth.ParseTrustedProxies(f.TrustedProxies); err != nil {
+		bad("trusted_proxies", "%v", err)
 	}
 	switch f.Log.Format {
 	case "json", "text":

@@ -70,8 +70,8 @@ func TestLoad_Errors(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		"unknown key":    {yaml: "listen: 127.0.0.1:1\nlisten_addr: x\n", want: "field listen_addr not found"},
-		"nested unknown": {yaml: "auth:\n  oidc:\n    issuerr: x\n", want: "field issuerr not found"},
+		"unknown key":    {yaml: "listen: 127.0.0.1:1\nlisten_addr: x\n", want: "unknown key listen_addr at the top level: did you mean listen?"},
+		"nested unknown": {yaml: "auth:\n  oidc:\n    issuerr: x\n", want: "unknown key issuerr in auth.oidc: did you mean issuer?"},
 		"bad duration":   {yaml: "node:\n  turn_timeout: soon\n", want: "line 2: cannot unmarshal !!str `soon` into time.Duration"},
 		"bad env":        {env: map[string]string{"ATRIUM_NODE_CANCEL_GRACE": "soon"}, want: "ATRIUM_NODE_CANCEL_GRACE"},
 		"two documents":  {yaml: "listen: 127.0.0.1:1\n---\nlisten: 127.0.0.1:2\n", want: "more than one"},

@@ -126,6 +126,72 @@ func (s *Server) clusterStatusAny(ctx context.Context) (any, error) {
 	return st, nil
 }
 
+// TenantClusterStatus is what a tenant admin who is not an operator sees of
+// GET /v1/cluster: the leases of the tenant's own sessions and the ids of
+// the nodes holding them. Other tenants' sessions, the nodes' addresses and
+// versions, and NATS's state are an operator's.
+type TenantClusterStatus struct {
+	Time     time.Time          `json:"time"`
+	Tenant   string             `json:"tenant"`
+	Nodes    []TenantNodeStatus `json:"nodes"`
+	Orphaned []LeaseStatus      `json:"orphaned_leases"`
+}
+
+// TenantNodeStatus is one node as a tenant admin sees it.
+type TenantNodeStatus struct {
+	ID     string        `json:"id"`
+	State  string        `json:"state"`
+	Leases []LeaseStatus `json:"leases"`
+}
+
+// tenantClusterStatus serves gateway.Config.TenantClusterStatus: the
+// cluster's state cut down to the leases of tenant's sessions, as the
+// session catalog says whose they are.
+func (s *Server) tenantClusterStatus(ctx context.Context, tenant string) (any, error) {
+	st, err := s.ClusterStatus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := TenantClusterStatus{Time: st.Time, Tenant: tenant, Nodes: []TenantNodeStatus{}, Orphaned: []LeaseStatus{}}
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ClusterTimeout)
+	defer cancel()
+	catalog, err := js.KeyValue(ctx, session.Subjects{}.CatalogBucket())
+	if err != nil {
+		return nil, session.Errorf(session.CodeUnavailable, "read the session catalog: %v", err)
+	}
+	mine := map[string]bool{}
+	owned := func(id string) bool {
+		if v, ok := mine[id]; ok {
+			return v
+		}
+		var e session.CatalogEntry
+		kv, err := catalog.Get(ctx, id)
+		v := err == nil && json.Unmarshal(kv.Value(), &e) == nil && e.Tenant == tenant
+		mine[id] = v
+		return v
+	}
+	keep := func(ls []LeaseStatus) []LeaseStatus {
+		out := []LeaseStatus{}
+		for _, l := range ls {
+			if owned(l.Session) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	for _, n := range st.Nodes {
+		if ls := keep(n.Leases); len(ls) > 0 {
+			out.Nodes = append(out.Nodes, TenantNodeStatus{ID: n.ID, State: n.State, Leases: ls})
+		}
+	}
+	out.Orphaned = keep(st.Orphaned)
+	return out, nil
+}
+
 // ClusterStatus reads the cluster's state from NATS: heartbeats, leases,
 // and stream health. A part that cannot be read is named in Errors; an
 // error is returned only when NATS is not connected at all.

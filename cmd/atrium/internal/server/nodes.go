@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,6 +70,10 @@ func NodesBucket(subj session.Subjects) string {
 	return p + "_nodes"
 }
 
+// heartbeatInstanceFile, in the data dir, holds the instance of the
+// process's latest heartbeat.
+const heartbeatInstanceFile = "heartbeat.instance"
+
 // heartbeat keeps a process's NodeInfo fresh in the nodes bucket until stop.
 type heartbeat struct {
 	s        *Server
@@ -105,15 +112,24 @@ func startHeartbeat(ctx context.Context, s *Server) (*heartbeat, error) {
 	_, _ = rand.Read(b)
 	h := &heartbeat{s: s, kv: kv, log: s.cfg.Logger.With("component", "heartbeat"), instance: hex.EncodeToString(b),
 		done: make(chan struct{}), state: NodeRunning}
+	// The data dir remembers the instance of the run before, so that its
+	// heartbeat, still fresh after a restart (a crash, or a stop whose
+	// withdrawal did not reach NATS), is not taken for another process.
+	instFile := filepath.Join(s.cfg.DataDir, heartbeatInstanceFile)
+	previous, _ := os.ReadFile(instFile)
 	if e, err := kv.Get(ctx, s.cfg.NodeID); err == nil {
 		var other NodeInfo
-		if json.Unmarshal(e.Value(), &other) == nil && other.Instance != h.instance && time.Since(e.Created()) < NodeTTL {
+		if json.Unmarshal(e.Value(), &other) == nil && other.Instance != h.instance &&
+			other.Instance != strings.TrimSpace(string(previous)) && time.Since(e.Created()) < NodeTTL {
 			h.log.Warn("another process heartbeats with this node id (or a previous run stopped moments ago): give every process its own node.id",
 				"node", s.cfg.NodeID, "other_started", other.Started)
 		}
 	}
 	if err := h.put(ctx); err != nil {
 		return nil, err
+	}
+	if err := os.WriteFile(instFile, []byte(h.instance+"\n"), 0o600); err != nil {
+		h.log.Debug("heartbeat instance not remembered", "err", err)
 	}
 	loop, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h.cancel = cancel

@@ -209,6 +209,10 @@ type Config struct {
 	PublicURL string
 	// AllowedOrigins lists extra browser origins (see gateway.Config).
 	AllowedOrigins []string
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client (auth.TrustedProxies): the throttle, the audit log, the
+	// access log and the dev identity's loopback check see that client.
+	TrustedProxies auth.TrustedProxies
 	// Channels configures chat channels and webhooks (Slack, Telegram,
 	// signed webhooks); nil means none. Its public URL defaults to
 	// PublicURL.
@@ -385,7 +389,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 
 	s.http = &http.Server{
-		Handler:           s.handler(h),
+		Handler:           cfg.TrustedProxies.Handler(s.handler(h)),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
@@ -637,7 +641,13 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 	case "", AuthDev:
 		authn = auth.Chain(&auth.Dev{})
 	case AuthTokens:
-		authn = auth.Chain()
+		// The first tokens are made with the data directory's bootstrap
+		// key: `atrium token create --bootstrap` (docs/auth.md).
+		key, err := auth.EnsureBootstrapKey(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		authn = auth.Chain(&auth.Bootstrap{Key: key})
 	case AuthOIDC:
 		oc := cfg.OIDC
 		if oc.RedirectURL == "" {
@@ -665,22 +675,23 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 		return nil, err
 	}
 	s.gw, err = gateway.New(gateway.Config{
-		NATS:           s.nc,
-		Auth:           authn,
-		Throttle:       throttle,
-		Audit:          auditLog,
-		Tokens:         tokens,
-		ID:             cfg.NodeID,
-		OriginPatterns: cfg.AllowedOrigins,
-		Registry:       s.reg,
-		Channels:       cfg.Channels,
-		Tasks:          cfg.Tasks,
-		Automation:     cfg.automation(),
-		Quotas:         cfg.Quotas,
-		ClusterStatus:  s.clusterStatusAny,
-		TracerProvider: s.tracerProvider(),
-		Logger:         cfg.Logger.With("component", "gateway"),
-		AccessLog:      s.accessLog(),
+		NATS:                s.nc,
+		Auth:                authn,
+		Throttle:            throttle,
+		Audit:               auditLog,
+		Tokens:              tokens,
+		ID:                  cfg.NodeID,
+		OriginPatterns:      cfg.AllowedOrigins,
+		Registry:            s.reg,
+		Channels:            cfg.Channels,
+		Tasks:               cfg.Tasks,
+		Automation:          cfg.automation(),
+		Quotas:              cfg.Quotas,
+		ClusterStatus:       s.clusterStatusAny,
+		TenantClusterStatus: s.tenantClusterStatus,
+		TracerProvider:      s.tracerProvider(),
+		Logger:              cfg.Logger.With("component", "gateway"),
+		AccessLog:           s.accessLog(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
