@@ -220,7 +220,21 @@ type AgentOpen struct {
 	MemoryBytes int64      `json:"memory_bytes,omitempty"`
 	Pids        int        `json:"pids,omitempty"`
 	Network     bool       `json:"network,omitempty"`
+	// Model asks the agent to make the node's model gateway reachable in
+	// the sandbox at ModelAddr: the node then keeps idle model tunnels
+	// open (GET AgentModelPath, subprotocol AgentModelSubprotocol), and
+	// the agent relays each connection its sandbox makes over one of them.
+	Model bool `json:"model,omitempty"`
 }
+
+// The model tunnel: a WebSocket connection the node opens to the agent and
+// holds idle; when a program in the sandbox connects to ModelAddr, the
+// agent pairs the connection with an idle tunnel and relays its bytes in
+// binary messages both ways; the node relays them to its model gateway.
+const (
+	AgentModelPath        = "/v1/model"
+	AgentModelSubprotocol = "atrium-model.v1"
+)
 
 // AgentExec is the first message of an exec connection.
 type AgentExec struct {

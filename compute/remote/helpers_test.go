@@ -23,6 +23,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/compute/sandboxagent"
@@ -47,6 +48,10 @@ var hookState struct {
 }
 
 func TestMain(m *testing.M) {
+	if egress.IsForwarder(os.Args) {
+		// Sandboxes with a model gateway reach it through this binary.
+		syscall.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	if os.Getenv(agentEnv) != "" {
 		os.Exit(agentMain(os.Args[1:]))
 	}

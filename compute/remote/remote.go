@@ -215,6 +215,7 @@ func (p *Provider) Close(ctx context.Context) error {
 	p.mu.Unlock()
 	for _, m := range ms {
 		m.closeProcs()
+		m.stopModel()
 	}
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
@@ -250,6 +251,7 @@ type machine struct {
 	state session.SandboxState // guarded by mu
 	agent *agent               // guarded by mu: the VM's agent; nil when there is none
 	procs map[*Process]bool    // guarded by mu: running commands
+	model *modelTunnels        // guarded by mu: tunnels to the model gateway (model.go); nil without
 }
 
 func newMachine(p *Provider, id session.ID) *machine {
@@ -317,10 +319,12 @@ func (m *machine) open(ctx context.Context, spec compute.Spec) error {
 func (m *machine) openAgentLocked(ctx context.Context, a *agent, fence int64) error {
 	err := a.call(ctx, http.MethodPost, "/v1/sandbox", fence, compute.AgentOpen{
 		Session: m.id, MemoryBytes: m.spec.MemoryBytes, Pids: m.spec.Pids, Network: m.spec.Network,
+		Model: m.spec.ModelSocket != "",
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("open sandbox %s: %w", m.id, err)
 	}
+	m.startModelLocked(a, fence)
 	m.setState(session.SandboxReady)
 	return nil
 }
@@ -388,6 +392,7 @@ func (m *machine) lost(a *agent) {
 		m.state = session.SandboxFailed
 	}
 	m.mu.Unlock()
+	m.stopModel()
 	p := m.p
 	p.mu.Lock()
 	closed := p.closed
@@ -553,6 +558,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err != nil && !isUnreachable(err) {
 		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
 	}
+	m.stopModel()
 	// An unreachable agent's VM is destroyed all the same.
 	if err := m.destroyVM(ctx, a.req); err != nil {
 		return err

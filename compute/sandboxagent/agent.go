@@ -99,6 +99,9 @@ type Server struct {
 
 	// opMu serializes open, sleep and destroy.
 	opMu sync.Mutex
+	// model relays the sandbox's model connections to the node (model.go);
+	// guarded by opMu, nil until an open asks for it.
+	model *modelRelay
 
 	mu        sync.Mutex
 	fence     int64           // guarded by mu: the highest fence seen
@@ -162,6 +165,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /v1/sandbox/sleep", s.authed(s.handleSleep))
 	mux.HandleFunc("DELETE /v1/sandbox", s.authed(s.handleDestroy))
 	mux.HandleFunc("GET /v1/exec", s.authed(s.handleExec))
+	mux.HandleFunc("GET "+compute.AgentModelPath, s.authed(s.handleModel))
 	mux.HandleFunc("PUT /v1/files/{path...}", s.authed(s.handlePutFile))
 	mux.HandleFunc("GET /v1/files/{path...}", s.authed(s.handleGetFile))
 	s.routeWorkspace(mux)
@@ -210,6 +214,12 @@ func (s *Server) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.cancel()
 	s.objects.CloseIdleConnections()
+	s.opMu.Lock()
+	if s.model != nil {
+		s.model.close()
+		s.model = nil
+	}
+	s.opMu.Unlock()
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	select {
@@ -308,10 +318,19 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request, fence int64)
 			"this sandbox agent serves session %s, not %s: provision a sandbox per session", bound, req.Session))
 		return
 	}
-	sb, err := s.cfg.Provider.Open(r.Context(), compute.Spec{
+	spec := compute.Spec{
 		Session: req.Session, Fence: fence,
 		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network,
-	})
+	}
+	if req.Model {
+		sock, err := s.startModelLocked()
+		if err != nil {
+			s.fail(w, r, fmt.Errorf("start the model relay: %w", err))
+			return
+		}
+		spec.ModelSocket = sock
+	}
+	sb, err := s.cfg.Provider.Open(r.Context(), spec)
 	if err != nil {
 		s.fail(w, r, fmt.Errorf("open sandbox: %w", err))
 		return
