@@ -177,6 +177,7 @@ type Provider interface {
 //	POST   /v1/sandbox/sleep      → 204
 //	DELETE /v1/sandbox            → 204: destroy it (workspace included)
 //	GET    /v1/exec               WebSocket (subprotocol AgentSubprotocol)
+//	GET    /v1/model              WebSocket (AgentModelSubprotocol): a model tunnel
 //	PUT    /v1/files/{path}       body → 204 (query mode=0644, octal)
 //	GET    /v1/files/{path}       → the file's bytes
 //
