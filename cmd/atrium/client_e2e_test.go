@@ -86,3 +86,39 @@ func TestCLI_RealStack(t *testing.T) {
 		t.Fatalf("logs after rm = %v", err)
 	}
 }
+
+// TestCLI_FailedTurnSaysWhy is issue 23's `send --wait` that printed only
+// "turn 1 failed (exit code -1)" when a turn could not start: send --wait,
+// invoke and attach now print the turn's last error and exit non-zero.
+func TestCLI_FailedTurnSaysWhy(t *testing.T) {
+	c := newCLI(t, startRealStack(t))
+	id := strings.TrimSpace(c.ok("new", "--title", "broken", "--command", `["/nonexistent/harness"]`))
+	evs := func() string { return c.ok("logs", id) }
+	_, _, err := c.run(cliContext(t), nil, "send", id, "hello", "--wait")
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), "turn 1 failed") {
+		t.Fatalf("send --wait = %v, want exit 1 and turn 1 failed\nlogs:\n%s", err, evs())
+	}
+	const why = "the harness could not be run"
+	if !strings.Contains(err.Error(), "turn 1 failed (exit code 127): "+why) {
+		t.Fatalf("send --wait = %q, want the reason\nlogs:\n%s", err, evs())
+	}
+	_, _, err = c.run(cliContext(t), nil, "invoke", id, "again")
+	if exitCode(err) != 127 || !strings.Contains(err.Error(), why) {
+		t.Fatalf("invoke = %v, want exit 127 and the reason", err)
+	}
+	// attach: a prompt typed, its turn fails while attached, then Ctrl-D.
+	stdinR, stdinW := io.Pipe()
+	var aout, aerr lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(cliContext(t), []string{"attach", id}, stdinR, &aout, &aerr, c.getenv) }()
+	eventually(t, "attached", func() bool { return strings.Contains(aerr.String(), "attached to "+id) })
+	io.WriteString(stdinW, "once more\n")
+	eventually(t, "the failed turn", func() bool { return strings.Contains(aout.String(), "turn 3 failed") })
+	if out := aout.String(); !strings.Contains(out[strings.Index(out, "turn 3 failed"):], "could not be run") {
+		t.Fatalf("attach shows the failure without its reason:\n%s", out)
+	}
+	stdinW.Close()
+	if err := <-done; exitCode(err) != 1 {
+		t.Fatalf("attach after a failed turn = %v, want exit 1", err)
+	}
+}
