@@ -1,16 +1,19 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
 	"github.com/atriumhq/atrium/compute/modelgw"
 	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -58,6 +61,23 @@ cat <&3 | sed "s/^{/answer: {/"` // (a JSON line with a type would be an agent e
 	ev.decode(t, &u)
 	if u.Turn != 1 || u.Model != "claude-x" || u.InputTokens == 0 || u.OutputTokens == 0 {
 		t.Fatalf("usage event %+v", u)
+	}
+	// The call is in the audit log, without the prompt or the answer.
+	var entries []audit.Entry
+	deadline := time.Now().Add(waitLong)
+	for len(entries) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no model_call audit entry")
+		}
+		time.Sleep(20 * time.Millisecond)
+		var err error
+		if entries, err = server.ModelAudit(context.Background(), st.srv, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := entries[0]; e.Session != string(s.ID) || e.Actor != "ann" || e.Target != "anthropic/claude-x" || e.Outcome != audit.OK ||
+		!strings.Contains(e.Detail, "status 200") || strings.Contains(e.Detail, "hello through the node") {
+		t.Fatalf("audit entry %+v", e)
 	}
 	resp, err := http.Get(st.url + "/metrics")
 	if err != nil {
