@@ -152,6 +152,15 @@ func TestGateway_Budgets(t *testing.T) {
 	if len(over) != 1 || over[0] != "sa/1: over the session budget of 1000 tokens per hour" {
 		t.Fatalf("OnOverBudget calls %q, want one", over)
 	}
+	var spent []modelgw.Spend
+	for _, s := range r.gw.Spent() {
+		if s.Key == "sa" {
+			spent = append(spent, s)
+		}
+	}
+	if len(spent) != 1 || spent[0].Tokens != 1100 || spent[0].Budget.Period != modelgw.PeriodHour {
+		t.Fatalf("spent %+v", spent)
+	}
 	// Another session has its own budget.
 	b := r.token(t, "sb", "")
 	if resp, body := call(b); resp.StatusCode != 200 {
