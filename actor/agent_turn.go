@@ -102,7 +102,7 @@ func (r *runner) execAgent() *turnExited {
 	res := r.promptAgent(b.agent, rehydrate)
 	r.wg.Wait()
 	if !res.lost {
-		if err := h.saveBox(r.ctx, b); err != nil {
+		if err := h.saveTurn(r.ctx, b, r.turn); err != nil { // files.go: also records the turn's changes
 			res.errors = append(res.errors, *saveError(err))
 		}
 	}

@@ -22,6 +22,7 @@ package actor
 
 import (
 	"archive/tar"
+	"bufio"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -32,7 +33,9 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -294,7 +297,7 @@ func (h *Host) serveFileRead(ctx context.Context, id session.ID, msg *nats.Msg, 
 		respond(msg, session.Reply{Files: &session.FilesReply{Changes: changes}})
 		return nil
 	}
-	m, _, err := mount.ReadManifest(ctx, store, prefix)
+	m, err := h.manifests.get(ctx, store, id)
 	if err != nil {
 		return err
 	}
@@ -304,11 +307,21 @@ func (h *Host) serveFileRead(ctx context.Context, id session.ID, msg *nats.Msg, 
 		if err != nil {
 			return err
 		}
-		out := make([]session.FileEntry, 0, len(entries))
-		for _, e := range entries {
-			out = append(out, wireEntry(e))
+		if req.Stream == "" {
+			out := make([]session.FileEntry, 0, len(entries))
+			for _, e := range entries {
+				out = append(out, wireEntry(e))
+			}
+			respond(msg, session.Reply{Files: &session.FilesReply{Entries: out}})
+			return nil
 		}
-		respond(msg, session.Reply{Files: &session.FilesReply{Entries: out}})
+		// A listing may be larger than a NATS message: it streams, as
+		// the JSON body the gateway serves.
+		respond(msg, session.Reply{Files: &session.FilesReply{File: &session.FileEntry{Path: p, Type: string(mount.TypeDir)}}})
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeListing(pw, entries)) }()
+		h.sendStream(ctx, req.Stream, pr)
+		pr.Close()
 		return nil
 	case session.FileRead:
 		if req.Stream == "" {
@@ -354,6 +367,92 @@ func displayPath(p string) string {
 		return "the workspace"
 	}
 	return p
+}
+
+// writeListing writes entries as a session.FileListing in JSON, encoded by
+// hand: a listing of 10,000 files takes a few milliseconds.
+func writeListing(w io.Writer, entries []mount.Entry) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteString(`{"entries":[`)
+	b := make([]byte, 0, 256)
+	for i, e := range entries {
+		b = b[:0]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"path":`...)
+		b = appendString(b, e.Path)
+		b = append(b, `,"type":"`...)
+		b = append(b, e.Type...)
+		b = append(b, `","size":`...)
+		b = strconv.AppendInt(b, e.Size, 10)
+		b = append(b, `,"mode":"`...)
+		b = append(b, fmt.Sprintf("%04o", uint32(e.Mode))...)
+		b = append(b, `","mtime":"`...)
+		b = time.Unix(0, e.MTime).UTC().AppendFormat(b, session.TimeLayout)
+		b = append(b, '"')
+		if e.Target != "" {
+			b = append(b, `,"target":`...)
+			b = appendString(b, e.Target)
+		}
+		b = append(b, '}')
+		if _, err := bw.Write(b); err != nil {
+			return err
+		}
+	}
+	bw.WriteString("]}\n")
+	return bw.Flush()
+}
+
+// manifestCache keeps the last manifest read of recent sessions, by ETag,
+// so reads of a large workspace do not decode its manifest each time.
+type manifestCache struct {
+	mu sync.Mutex
+	m  map[session.ID]cachedManifest // guarded by mu
+}
+
+type cachedManifest struct {
+	etag string
+	m    *mount.Manifest
+}
+
+// maxCachedManifests bounds manifestCache.
+const maxCachedManifests = 64
+
+// get returns id's saved manifest: the cached one if its ETag is current.
+// Manifests are never changed in place, so sharing one is safe.
+func (c *manifestCache) get(ctx context.Context, store blob.Store, id session.ID) (*mount.Manifest, error) {
+	prefix := mount.Prefix(id)
+	info, err := store.Stat(ctx, prefix+mount.ManifestKey)
+	if errors.Is(err, blob.ErrNotFound) {
+		return &mount.Manifest{Version: mount.Version, Entries: []mount.Entry{}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	cm, ok := c.m[id]
+	c.mu.Unlock()
+	if ok && cm.etag == info.ETag {
+		return cm.m, nil
+	}
+	m, etag, err := mount.ReadManifest(ctx, store, prefix)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[session.ID]cachedManifest)
+	}
+	if len(c.m) >= maxCachedManifests {
+		for k := range c.m { // Evict one at random.
+			delete(c.m, k)
+			break
+		}
+	}
+	c.m[id] = cachedManifest{etag: etag, m: m}
+	return m, nil
 }
 
 // wireEntry is the wire form of a workspace entry.

@@ -214,6 +214,7 @@ type Host struct {
 	log       *slog.Logger
 	templates map[string][]string
 	egress    *egressPolicy
+	manifests manifestCache // saved workspaces read by file operations (files.go)
 
 	system  *proto.ActorSystem
 	manager *proto.PID

@@ -60,20 +60,10 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p session.Pri
 	s.list(w, r, p, q.Get("path"), rec)
 }
 
+// list streams the node's JSON listing (session.FileListing) to w: a
+// large folder does not fit in one NATS message.
 func (s *Server) list(w http.ResponseWriter, r *http.Request, p session.Principal, dir string, recursive bool) {
-	id := session.ID(r.PathValue("id"))
-	reply, err := s.do(r, p, id, session.ActRead, session.Command{Op: session.OpFiles, Files: &session.FilesRequest{
-		Op: session.FileList, Path: dir, Recursive: recursive,
-	}})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	body := session.FileListing{Entries: []session.FileEntry{}}
-	if reply.Files != nil && reply.Files.Entries != nil {
-		body.Entries = reply.Files.Entries
-	}
-	writeJSON(w, http.StatusOK, body)
+	s.download(w, r, p, session.FilesRequest{Op: session.FileList, Path: dir, Recursive: recursive})
 }
 
 func boolParam(name, v string) (bool, error) {
@@ -124,14 +114,17 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, p session.Prin
 	}
 	f := reply.Files.File
 	h := w.Header()
-	if req.Op == session.FileArchiveOut {
+	switch req.Op {
+	case session.FileList:
+		h.Set("Content-Type", "application/json")
+	case session.FileArchiveOut:
 		h.Set("Content-Type", "application/gzip")
 		name := "workspace"
 		if req.Path != "" {
 			name = lastElem(req.Path)
 		}
 		h.Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", name+".tar.gz"))
-	} else {
+	default:
 		h.Set("Content-Type", "application/octet-stream")
 		h.Set("Content-Length", strconv.FormatInt(f.Size, 10))
 		h.Set("Atrium-Mode", f.Mode)

@@ -456,10 +456,13 @@ func Update(ctx context.Context, store blob.Store, prefix string, fence int64, a
 	}
 }
 
-// ForkTo makes m the saved workspace of the volume at dst (which must have
-// none), naming its content where it is, in the volume at src, and records
-// the fork at src so that deleting src keeps that content. It writes one
-// manifest and one marker, whatever the workspace's size.
+// ForkTo makes m, a manifest of the volume at src, the saved workspace of
+// the volume at dst (which must have none), and records the fork at src so
+// that deleting src keeps what the fork uses. The fork's manifest names a
+// kept copy of m (Manifest.Base, written unless it exists, as it does for a
+// manifest a turn or a file write ended with), so a fork writes a marker and
+// a manifest of a few hundred bytes whatever the workspace's size; its
+// first save writes a manifest of its own.
 func ForkTo(ctx context.Context, store blob.Store, src string, m *Manifest, dst, child string) error {
 	if m == nil || len(m.Entries) == 0 {
 		return nil
@@ -467,20 +470,45 @@ func ForkTo(ctx context.Context, store blob.Store, src string, m *Manifest, dst,
 	if err := blob.ValidKey(src + forksDir + child); err != nil {
 		return err
 	}
+	if m.ID == "" {
+		return invalidf("a manifest without an id cannot be forked")
+	}
+	if err := KeepManifest(ctx, store, src, m); err != nil {
+		return err
+	}
 	if err := writeJSON(ctx, store, src+forksDir+child, map[string]string{"fork": dst}); err != nil {
 		return fmt.Errorf("record fork: %w", err)
 	}
-	entries := slices.Clone(m.Entries)
-	for i := range entries {
-		if entries[i].Blob != "" {
-			entries[i].Blob = BlobKey(src, entries[i].Blob)
-		}
-	}
 	v := &Volume{Blob: store, Prefix: dst}
-	next := &Manifest{Version: Version, ID: hexID(16), Saved: time.Now().UTC(), Scanned: m.Scanned, Entries: entries}
+	next := &Manifest{Version: Version, ID: hexID(16), Saved: time.Now().UTC(), Scanned: m.Scanned, Entries: []Entry{},
+		Base: src + keptDir + m.ID + ".json"}
 	if _, _, err := v.writeManifest(ctx, next, ""); err != nil {
 		return fmt.Errorf("write forked manifest: %w", err)
 	}
+	return nil
+}
+
+// resolveBase fills m's entries from the kept manifest its Base names,
+// their content named by full key.
+func resolveBase(ctx context.Context, store blob.Store, m *Manifest) error {
+	src, _, ok := strings.Cut(m.Base, keptDir)
+	if !ok || !strings.HasPrefix(m.Base, "sessions/") || len(m.Entries) > 0 {
+		return fmt.Errorf("invalid base %q: %w", m.Base, ErrCorrupt)
+	}
+	var base Manifest
+	if err := readJSON(ctx, store, m.Base, &base); err != nil {
+		return fmt.Errorf("read base %s: %w", m.Base, err)
+	}
+	if base.Base != "" {
+		return fmt.Errorf("base %s has a base itself: %w", m.Base, ErrCorrupt)
+	}
+	m.Entries = base.Entries
+	for i := range m.Entries {
+		if m.Entries[i].Blob != "" {
+			m.Entries[i].Blob = BlobKey(src, m.Entries[i].Blob)
+		}
+	}
+	m.Base = ""
 	return nil
 }
 

@@ -209,6 +209,11 @@ type Manifest struct {
 	Scanned int64 `json:"scanned"`
 	// Entries are sorted by Path; a directory comes before its contents.
 	Entries []Entry `json:"entries"`
+	// Base, when set, is the full key of a kept manifest of another
+	// volume whose entries are this one's (Entries is then empty), their
+	// content where that volume keeps it: how a fork names its parent's
+	// workspace without copying it (see ForkTo). Reading resolves it.
+	Base string `json:"base,omitempty"`
 }
 
 // Skipped is an entry a scan left out, and why.

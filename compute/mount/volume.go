@@ -274,6 +274,11 @@ func (v *Volume) read(ctx context.Context) (*Manifest, blob.Info, error) {
 	if err := json.Unmarshal(data, &m); err != nil {
 		return nil, blob.Info{}, fmt.Errorf("read manifest: %v: %w", err, ErrCorrupt)
 	}
+	if m.Base != "" {
+		if err := resolveBase(ctx, v.Blob, &m); err != nil {
+			return nil, blob.Info{}, fmt.Errorf("read manifest: %w", err)
+		}
+	}
 	if m.Version != Version {
 		return nil, blob.Info{}, fmt.Errorf("read manifest: version %d, this atrium reads version %d: %w", m.Version, Version, ErrCorrupt)
 	}
@@ -603,7 +608,7 @@ func (v *Volume) Delete(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("delete saved workspace %s: %w", v.Prefix, err)
 		}
-		if shared && isContentKey(v.Prefix, info.Key) {
+		if shared && (isContentKey(v.Prefix, info.Key) || strings.HasPrefix(info.Key, v.Prefix+keptDir)) {
 			continue // Forks reference it (see ForkTo).
 		}
 		keys = append(keys, info.Key)
