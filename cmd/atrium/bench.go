@@ -150,6 +150,7 @@ in docs/benchmarks.md.`,
 	f.IntVar(&cfg.ActivationSessions, "activation-sessions", bench.DefaultActivationSessions, "hibernated sessions woken, 64 at a time, by the activation scenario")
 	f.IntVar(&cfg.Sessions, "sessions", bench.DefaultSessions, "sessions hibernated by the memory scenario")
 	f.IntVar(&cfg.ResumeEvents, "resume-events", bench.DefaultResumeEvents, "history length replayed by the resume scenario")
+	f.StringVar(&cfg.PeerCentrifugo, "peer-centrifugo", "", "a Centrifugo v6 server (http://APIKEY@host:port) the resume scenario also replays the same history from")
 	f.StringVar(&cfg.DataDir, "data", "", "directory for the servers' data (default: a temporary directory, removed afterwards)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	f.BoolVar(&unsafe, "unsafe-no-sandbox", false, "run the benchmark harnesses (sleep, true) without bubblewrap")

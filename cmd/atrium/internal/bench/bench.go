@@ -118,6 +118,10 @@ type Config struct {
 	// ResumeEvents is the length of the history replayed by the resume
 	// scenario, and ResumeRuns the number of replays timed.
 	ResumeEvents, ResumeRuns int
+	// PeerCentrifugo, if set (http://APIKEY@host:port), is a Centrifugo v6
+	// server that the resume scenario replays the same history from, in
+	// the same run, for comparison.
+	PeerCentrifugo string
 	// DataDir is where each scenario's server keeps its data (one
 	// subdirectory per scenario, removed afterwards). Empty means a fresh
 	// temporary directory.

@@ -34,9 +34,26 @@ func (r *runner) resume(ctx context.Context) (_ []Result, err error) {
 		return nil, err
 	}
 	r.progress("resume: wrote %d events in %s; replaying %d times per protocol", n, time.Since(t0).Round(time.Millisecond), r.cfg.ResumeRuns)
-	// The two protocols alternate, so that both see the same machine.
+	var peer *centrifugo
+	var channel, epoch string
+	if r.cfg.PeerCentrifugo != "" {
+		if peer, err = newCentrifugo(r.cfg.PeerCentrifugo); err != nil {
+			return nil, err
+		}
+		evs, err := d.c.firstEvents(ctx, s.ID, n)
+		if err != nil {
+			return nil, err
+		}
+		if channel, epoch, err = peer.fill(ctx, evs); err != nil {
+			return nil, err
+		}
+		r.progress("resume: published the same %d events into Centrifugo channel %s", len(evs), channel)
+	}
+	// The protocols (and the peer) alternate, so that all see the same
+	// machine.
 	protos := []string{session.Subprotocol, session.SubprotocolBatch}
 	hs := []*Histogram{NewHistogram(), NewHistogram()}
+	peerH := NewHistogram()
 	for i := range r.cfg.ResumeRuns {
 		for j, proto := range protos {
 			took, err := replay(ctx, d.c, s.ID, n, proto)
@@ -44,6 +61,13 @@ func (r *runner) resume(ctx context.Context) (_ []Result, err error) {
 				return nil, fmt.Errorf("replay %d over %s: %w", i, proto, err)
 			}
 			hs[j].Record(took)
+		}
+		if peer != nil {
+			took, err := peer.replay(ctx, channel, epoch, n)
+			if err != nil {
+				return nil, fmt.Errorf("replay %d from centrifugo: %w", i, err)
+			}
+			peerH.Record(took)
 		}
 	}
 	var rows []Result
@@ -59,7 +83,20 @@ func (r *runner) resume(ctx context.Context) (_ []Result, err error) {
 		if j == 1 {
 			row.Note += fmt.Sprintf("; median %.2f× atrium.v1's", float64(h.Quantile(0.5))/float64(hs[0].Quantile(0.5)))
 		}
+		if peer != nil {
+			row.Note += fmt.Sprintf("; median %.2f× Centrifugo's", float64(h.Quantile(0.5))/float64(peerH.Quantile(0.5)))
+		}
 		r.progress("resume (%s): p50 %s p99 %s", proto, fmtMS(row.Median), fmtMS(row.P99))
+		rows = append(rows, row)
+	}
+	if peer != nil {
+		row := latencyRow(Result{
+			Scenario: ScenarioResume, Measure: fmt.Sprintf("replay %d events from Centrifugo (recover from offset 0)", n),
+			Unit: "ms", Target: "(reference)",
+		}, peerH)
+		row.Value = row.P99
+		row.Note = fmt.Sprintf("the same events as publications of one channel, memory engine, same WebSocket library; %d runs, every offset checked", peerH.Count())
+		r.progress("resume (centrifugo): p50 %s p99 %s", fmtMS(row.Median), fmtMS(row.P99))
 		rows = append(rows, row)
 	}
 	return rows, nil
