@@ -19,6 +19,7 @@ import * as md from './markdown.js';
 import { visible, usageText } from './agent.js';
 
 const NOTIFY_KEY = 'atrium.notify'; // "1" when the user asked for browser notifications
+const STREAM_RENDERS_PER_S = 10; // how often a streaming message is rendered again
 
 /** PAGE is how many events the page reads first, and per older page. */
 export const PAGE = 200;
@@ -576,29 +577,47 @@ export class SessionPage {
     if (this.model.messageIDs.has(f.message_id)) return; // its agent_message is here
     let st = this.streams.get(f.message_id);
     if (!st) {
-      const body = h('div', { class: 'md-live' });
+      const done = h('div', { class: 'md-done' });
+      const tail = h('div', { class: 'md-tail' });
       const el = h('article', { class: ['agent-msg', 'streaming'], data: { message: f.message_id }, attrs: { 'aria-label': 'Agent message being written' } },
         h('div', { class: 'meta' }, h('span', { class: 'avatar agent', attrs: { 'aria-hidden': 'true' }, text: '◆' }),
           h('strong', { class: 'who', text: 'Agent' }), h('span', { class: 'dim writing', text: 'writing…' })),
-        body);
-      st = { turn: f.turn, text: '', el, body, stop: null };
+        done, tail);
+      st = { turn: f.turn, text: '', el, done, tail, doneLen: 0, timer: null, last: 0 };
       this.streams.set(f.message_id, st);
       this.liveEl.appendChild(el);
     }
     st.text += f.text;
-    if (!st.stop) {
-      st.stop = later(() => {
-        st.stop = null;
-        st.body.replaceChildren(md.render(visible(st.text)));
-        if (this.timeline && this.timeline.following) this.timeline.toBottom();
-      });
+    if (st.timer === null) {
+      // At most STREAM_RENDERS_PER_S renders a second, however fast the deltas come.
+      const wait = Math.max(0, st.last + 1000 / STREAM_RENDERS_PER_S - performance.now());
+      st.timer = setTimeout(() => this.renderStream(st), wait);
     }
+  }
+
+  // renderStream shows a streaming message: the blocks before its last
+  // blank line outside a code fence are rendered once and kept; only the
+  // block being written is rendered again.
+  renderStream(st) {
+    st.timer = null;
+    st.last = performance.now();
+    const text = visible(st.text);
+    let cut = text.lastIndexOf('\n\n');
+    while (cut > st.doneLen && (text.slice(0, cut).match(/^\s*(```|~~~)/gm) || []).length % 2 === 1) {
+      cut = text.lastIndexOf('\n\n', cut - 1); // inside an open code block
+    }
+    if (cut > st.doneLen) {
+      st.done.append(...md.render(text.slice(st.doneLen, cut)).childNodes);
+      st.doneLen = cut;
+    }
+    st.tail.replaceChildren(md.render(text.slice(st.doneLen)));
+    if (this.timeline && this.timeline.following) this.timeline.toBottom();
   }
 
   endStream(id) {
     const st = this.streams.get(id);
     if (!st) return;
-    if (st.stop) st.stop();
+    clearTimeout(st.timer);
     st.el.remove();
     this.streams.delete(id);
   }

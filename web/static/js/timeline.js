@@ -70,12 +70,19 @@ export class Timeline {
     this.edges();
   }
 
-  /** update re-renders the row of seq if it is in the document. */
+  /**
+   * update re-renders the row of seq if it is in the document. A row that
+   * changes size (a tool call's card completed by a later event) may make
+   * the browser move the scroll position; while following, the live end
+   * stays in view and that move is not taken for the reader scrolling up.
+   */
   update(seq) {
     if (seq < this.vlo || seq > this.vhi) return;
     const el = this.list.children[seq - this.vlo];
     const ev = this.store.get(seq);
-    if (el && ev) el.replaceWith(this.row(ev));
+    if (!el || !ev) return;
+    el.replaceWith(this.row(ev));
+    if (this.following) this.toBottom();
   }
 
   render() {

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -55,6 +57,11 @@ var browser struct {
 // TestMain stops Chromium after the tests, then checks that no goroutine
 // of the tests, the servers or chromedp is left behind.
 func TestMain(m *testing.M) {
+	// Sandboxes with the model gateway (agent sessions) run this test
+	// binary as their forwarder, as they run the atrium binary.
+	if egress.IsForwarder(os.Args) {
+		syscall.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	code := m.Run()
 	if browser.cancel != nil {
 		browser.cancel()
