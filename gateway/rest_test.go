@@ -41,6 +41,7 @@ func TestGateway_Auth(t *testing.T) {
 	})
 	t.Run("non-loopback dev auth", func(t *testing.T) {
 		req := httptest.NewRequest("GET", "/v1/sessions/"+string(s.ID), nil)
+		req.Host = "127.0.0.1:7080" // a loopback name: the dev gateway's Host check passes
 		req.RemoteAddr = "192.0.2.7:40000"
 		req.Header.Set("Authorization", "Bearer dev:alice")
 		rec := httptest.NewRecorder()
