@@ -133,10 +133,12 @@ func gemini() Spec {
 			ModeAuto:     approval("yolo"),
 		},
 		// Gemini CLI 0.61.0 advertises loadSession, but a new process
-		// starts the session's chat record afresh before looking it up
-		// and then finds "No previous sessions found for this project"
-		// (TestRealAgents/gemini checks that this is still so): a new
-		// process is re-hydrated from the history instead.
+		// starts the session's chat record afresh (a header and the
+		// session context, which hide the conversation from its session
+		// list) while it looks the session up, and then often answers
+		// "No previous sessions found for this project": a race seen
+		// both ways in TestRealAgents/gemini. A new process is
+		// re-hydrated from the history instead.
 		Load: false,
 	}
 }
