@@ -191,6 +191,9 @@ type AuditEntry struct {
 type Config struct {
 	Providers []Provider
 	Budgets   []Budget
+	// Ledger keeps the budgets' spend; default in this gateway's memory
+	// (each node counts its own calls, and a restart starts afresh).
+	Ledger Ledger
 	// MaxBody is the largest request body forwarded; default DefaultMaxBody.
 	MaxBody int64
 	// Transport sends requests upstream; default a clone of
@@ -220,10 +223,10 @@ type Gateway struct {
 	transport http.RoundTripper
 	metrics   *metrics
 	now       func() time.Time
+	ledger    Ledger
 
 	mu     sync.Mutex
 	tokens map[string]*grant // guarded by mu
-	spent  *ledger           // guarded by mu
 }
 
 // provider is a validated Provider.
@@ -235,8 +238,8 @@ type provider struct {
 
 // New validates cfg and returns a gateway.
 func New(cfg Config) (*Gateway, error) {
-	g := &Gateway{cfg: cfg, log: cfg.Logger, transport: cfg.Transport, now: cfg.Now,
-		tokens: map[string]*grant{}, spent: newLedger()}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, transport: cfg.Transport, now: cfg.Now, ledger: cfg.Ledger,
+		tokens: map[string]*grant{}}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -245,6 +248,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if g.now == nil {
 		g.now = time.Now
+	}
+	if g.ledger == nil {
+		g.ledger = newMemLedger(g.now)
 	}
 	if g.cfg.MaxBody <= 0 {
 		g.cfg.MaxBody = DefaultMaxBody

@@ -2,6 +2,7 @@ package modelgw
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -76,15 +77,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := g.now()
-	g.mu.Lock()
-	b, over := g.overLocked(who.session, who.tenant, now)
+	b, over := g.over(r.Context(), who.session, who.tenant, now)
 	notify := false
 	if over {
+		g.mu.Lock()
 		if gr := g.tokens[who.token]; gr != nil && !gr.warned {
 			gr.warned, notify = true, true
 		}
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
 	if over {
 		g.metrics.refused.WithLabelValues("over_budget").Inc()
 		reason := "over the " + b.String()
@@ -266,9 +267,7 @@ func (c *call) settle() {
 	}
 	data := u.data(c.who.turn, model, c.p.price(model))
 	if c.meter != nil && (data.InputTokens > 0 || data.OutputTokens > 0) {
-		g.mu.Lock()
-		g.spendLocked(c.who.session, c.who.tenant, g.now(), data)
-		g.mu.Unlock()
+		g.spend(context.Background(), c.who.session, c.who.tenant, g.now(), data)
 		g.metrics.usage(c.p.Name, model, data)
 		if g.cfg.OnUsage != nil {
 			g.cfg.OnUsage(c.who.session, c.who.turn, c.who.user, data)

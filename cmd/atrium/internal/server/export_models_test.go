@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"github.com/atriumhq/atrium/gateway/audit"
 )
@@ -14,4 +15,12 @@ func ModelAudit(ctx context.Context, s *Server, tenant string) ([]audit.Entry, e
 	}
 	list, _, err := l.List(ctx, tenant, audit.Filter{Action: actModelCall})
 	return list, err
+}
+
+// ModelLedger is a model budget ledger in s's NATS KV, as the gateway gets.
+func ModelLedger(s *Server) (interface {
+	Spent(ctx context.Context, key string) (int64, float64, error)
+	Add(ctx context.Context, key string, tokens int64, cost float64, end time.Time) error
+}, error) {
+	return newKVLedger(s.nc, 1)
 }

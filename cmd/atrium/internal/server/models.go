@@ -52,6 +52,14 @@ func (s *Server) startModels() error {
 		}
 		auditLog = l
 	}
+	if cfg.Ledger == nil && len(cfg.Budgets) > 0 && s.nc != nil {
+		// Budgets are counted in NATS KV, shared by every node.
+		l, err := newKVLedger(s.nc, s.cfg.NATS.Replicas)
+		if err != nil {
+			return err
+		}
+		cfg.Ledger = l
+	}
 	cfg.Logger = s.cfg.Logger.With("component", "models")
 	cfg.Registerer = s.reg
 	cfg.OnUsage = func(id session.ID, turn int64, user string, u session.UsageData) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,5 +140,43 @@ sleep 60`
 	}
 	if !found {
 		t.Fatalf("no too_many_requests error naming the budget in %d events", len(evs))
+	}
+}
+
+// TestServer_ModelLedger: the budgets' ledger in NATS KV counts concurrent
+// additions from several writers exactly.
+func TestServer_ModelLedger(t *testing.T) {
+	st := startStack(t, nil)
+	l, err := server.ModelLedger(st.srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := server.ModelLedger(st.srv) // another node's
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	end := time.Now().Add(time.Hour)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for range 10 {
+				w := l
+				if i%2 == 1 {
+					w = l2
+				}
+				if err := w.Add(ctx, "tenant.61636d65.day.20260101T00", 3, 0.5, end); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tokens, cost, err := l2.Spent(ctx, "tenant.61636d65.day.20260101T00")
+	if err != nil || tokens != 240 || cost != 40 {
+		t.Fatalf("spent %d tokens, $%v, %v; want 240, $40", tokens, cost, err)
+	}
+	if tokens, _, err := l.Spent(ctx, "tenant.other.day.20260101T00"); err != nil || tokens != 0 {
+		t.Fatalf("unknown window: %d, %v", tokens, err)
 	}
 }
