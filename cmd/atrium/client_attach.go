@@ -99,6 +99,10 @@ func attach(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, h
 		case <-ctx.Done():
 			return nil
 		case <-linger:
+			if len(v.pending) == 0 {
+				fmt.Fprintf(env.stderr, "detached before the history arrived: see it with 'atrium logs %s'\n", id)
+				return v.result
+			}
 			fmt.Fprintf(env.stderr, "detached; %d prompt(s) got no answer yet: check with 'atrium logs %s'\n", len(v.pending), id)
 			return v.result
 		case f, ok := <-st.Frames():
