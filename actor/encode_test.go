@@ -66,6 +66,9 @@ func TestEncode_MatchesEncodingJSON(t *testing.T) {
 	for _, rep := range []session.Reply{
 		{}, {Seq: 1}, {Seq: 1 << 50}, {Error: session.Errorf(session.CodeConflict, "a <b> \"c\"")},
 		{Events: []json.RawMessage{json.RawMessage(`{"a":"<&>"}`)}, LastSeq: 3, Epoch: "e", More: true},
+		{Events: []json.RawMessage{json.RawMessage(`{"seq":1}`), json.RawMessage(`{"seq":2,"t":"\u2028 \"x\""}`)}},
+		{Events: []json.RawMessage{json.RawMessage(`{"seq":1}`)}, LastSeq: 1},
+		{Seq: 4, Events: []json.RawMessage{json.RawMessage(`{"seq":1}`)}, Epoch: "e"},
 		{Session: &session.Session{ID: "s_1", Title: "<t>"}},
 	} {
 		if got, want := encodeReply(&rep), stdEncode(t, rep); !bytes.Equal(got, want) {
