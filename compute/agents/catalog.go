@@ -311,6 +311,21 @@ func (c *Catalog) Home(sess session.ID) string {
 	return filepath.Join(c.cfg.Homes, string(sess))
 }
 
+// RemoveHome deletes session sess's agent home, for a deleted session. No
+// agent process of the session may run.
+func (c *Catalog) RemoveHome(sess session.ID) error {
+	if err := sess.Validate(); err != nil {
+		return err
+	}
+	if c.cfg.Homes == "" {
+		return nil
+	}
+	if err := os.RemoveAll(c.Home(sess)); err != nil {
+		return fmt.Errorf("remove agent home: %w", err)
+	}
+	return nil
+}
+
 // writeHomeFile writes content at p in home, replacing what was there.
 func writeHomeFile(home, p, content string) error {
 	dst := filepath.Join(home, filepath.FromSlash(p))

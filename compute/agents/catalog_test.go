@@ -162,6 +162,20 @@ func TestCatalog_Launch(t *testing.T) {
 			t.Errorf("launch %+v", l)
 		}
 	})
+	t.Run("remove home", func(t *testing.T) {
+		if _, err := os.Stat(c.Home(id)); err != nil {
+			t.Fatalf("no home after launches: %v", err)
+		}
+		if err := c.RemoveHome(id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(c.Home(id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("home still there: %v", err)
+		}
+		if err := c.RemoveHome("../x"); !errors.Is(err, session.ErrBadRequest) {
+			t.Errorf("RemoveHome of a bad id: %v", err)
+		}
+	})
 	t.Run("no endpoint", func(t *testing.T) {
 		_, err := c.Launch("codex", id, compute.ModelEndpoints{Anthropic: ep.Anthropic}, "")
 		if !errors.Is(err, session.ErrBadRequest) || !strings.Contains(err.Error(), "openai") {
