@@ -62,6 +62,9 @@ func (s *Server) startModels() error {
 	}
 	cfg.Logger = s.cfg.Logger.With("component", "models")
 	cfg.Registerer = s.reg
+	// The callbacks read s.host, set once startNode has made the host: a
+	// call can only come with a token the host issued and activated (under
+	// the gateway's lock), which orders the read after the write.
 	cfg.OnUsage = func(id session.ID, turn int64, user string, u session.UsageData) {
 		if h := s.host; h != nil {
 			h.RecordUsage(id, turn, u)
