@@ -160,6 +160,9 @@ func (p *eventPrinter) print(ev session.Event, raw json.RawMessage) error {
 // summary is a compact description of an event's data. Output text is
 // returned as is.
 func summary(ev session.Event) string {
+	if s, ok := agentKindSummary(ev); ok { // the agent kinds (render.go)
+		return s
+	}
 	switch ev.Kind {
 	case session.KindSessionCreated:
 		var d session.SessionCreatedData

@@ -140,3 +140,42 @@ func TestAttachAgentStream(t *testing.T) {
 		t.Fatalf("tool update %q: want its status and the tail of its output", got)
 	}
 }
+
+// TestLogsAgentEvents: `atrium logs` prints an agent's message whole on its
+// event's one line (not cut at 200 bytes), a tool call as its title, status
+// and diff stat, and --json the server's bytes unchanged.
+func TestLogsAgentEvents(t *testing.T) {
+	var out bytes.Buffer
+	p := &eventPrinter{out: &out, now: time.Unix(0, 0)}
+	text := "## Done\n\n" + strings.Repeat("word ", 200) + "end"
+	old := "a\n"
+	evs := []session.Event{
+		agentEv(t, 1, session.KindAgentMessage, session.AgentMessageData{Turn: 1, MessageID: "m", Text: text}),
+		agentEv(t, 2, session.KindToolCall, session.ToolCallData{Turn: 1, ID: "c", Title: "Edit a.go", Kind: "edit", Status: "completed",
+			Content: []session.ToolCallContent{{Type: "diff", Path: "a.go", OldText: &old, NewText: "b\n"}}}),
+	}
+	for _, ev := range evs {
+		if err := p.print(ev, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want one per event:\n%s", len(lines), out.String())
+	}
+	if !strings.Contains(lines[0], "agent_message") || !strings.Contains(lines[0], "## Done ⏎  ⏎ word") || !strings.HasSuffix(lines[0], "word end") {
+		t.Errorf("message line %q", lines[0])
+	}
+	if !strings.Contains(lines[1], "[edit] Edit a.go (completed) · a.go +1 −1") {
+		t.Errorf("tool call line %q", lines[1])
+	}
+	out.Reset()
+	p.json = true
+	raw := []byte(`{"seq":1,"kind":"agent_message","data":{"turn":1,"message_id":"m","text":"x"}}`)
+	if err := p.print(evs[0], raw); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); got != string(raw)+"\n" {
+		t.Errorf("--json printed %q, want the server's bytes", got)
+	}
+}

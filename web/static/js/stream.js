@@ -123,7 +123,7 @@ export class Stream {
         this.h.onEvent(ev);
         break;
       }
-      case 'events': // a batch of events, in seq order
+      case 'events': // a batch of events, in seq order (atrium.v1+batch)
         for (const ev of Array.isArray(f.events) ? f.events : []) {
           if (!ev || typeof ev.seq !== 'number' || ev.seq <= this.last) continue;
           if (ev.seq !== this.last + 1) {
