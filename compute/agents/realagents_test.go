@@ -71,10 +71,10 @@ func realCatalog(t *testing.T, name string) (*agents.Catalog, agents.Installed) 
 
 // newProvider returns a local bubblewrap provider over a temporary
 // directory.
-func newProvider(t *testing.T) (*local.Provider, string) {
+func newProvider(t *testing.T, unsafe bool) (*local.Provider, string) {
 	t.Helper()
 	dir := t.TempDir()
-	p, err := local.New(local.Config{Dir: dir,
+	p, err := local.New(local.Config{Dir: dir, Unsafe: unsafe,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
@@ -280,6 +280,9 @@ type realAgentCase struct {
 	keyHeader, keyPrefix string
 	// mode is the permission mode the turn runs with.
 	mode agents.Mode
+	// unsafe runs the agent without bubblewrap (--unsafe-no-sandbox), as
+	// the server's user: the mounts' paths are mapped to the host's.
+	unsafe bool
 }
 
 var realAgentCases = []realAgentCase{
@@ -298,6 +301,17 @@ var realAgentCases = []realAgentCase{
 		},
 		keyHeader: "X-Api-Key",
 		mode:      agents.ModeAuto,
+	},
+	{
+		// As root outside a sandbox, Claude Code bypasses permissions
+		// only because of IS_SANDBOX=1.
+		name: "claude",
+		write: func(p, content string) modeltest.Reply {
+			return modeltest.Tool("Write", map[string]any{"file_path": p, "content": content})
+		},
+		keyHeader: "X-Api-Key",
+		mode:      agents.ModeAuto,
+		unsafe:    true,
 	},
 	{
 		name: "codex",
@@ -338,7 +352,11 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 func TestRealAgents(t *testing.T) {
 	for _, tc := range realAgentCases {
-		t.Run(tc.name+"_"+string(tc.mode), func(t *testing.T) { testRealAgent(t, tc) })
+		name := tc.name + "_" + string(tc.mode)
+		if tc.unsafe {
+			name += "_unsafe"
+		}
+		t.Run(name, func(t *testing.T) { testRealAgent(t, tc) })
 	}
 }
 
@@ -351,7 +369,7 @@ func testRealAgent(t *testing.T, tc realAgentCase) {
 
 	m := modeltest.New(t)
 	m.Match(modeltest.HasTools)
-	p, pdir := newProvider(t)
+	p, pdir := newProvider(t, tc.unsafe)
 	id := session.NewID()
 	l, err := cat.Launch(tc.name, id, endpoints(m), tc.mode)
 	if err != nil {
@@ -370,14 +388,21 @@ func testRealAgent(t *testing.T, tc realAgentCase) {
 	if l.Load && !a.info.Capabilities.LoadSession {
 		t.Errorf("the catalog says the agent loads sessions, the agent does not advertise loadSession")
 	}
-	acpID, err := a.client.NewSession(ctx, agents.WorkspacePath, nil)
+	// The agent's working directory: /workspace in a sandbox, the
+	// workspace's host directory without one (ACP's cwd is in the
+	// protocol, where the provider cannot map it).
+	cwd := agents.WorkspacePath
+	if tc.unsafe {
+		cwd = filepath.Join(pdir, string(id), "workspace")
+	}
+	acpID, err := a.client.NewSession(ctx, cwd, nil)
 	if err != nil {
 		t.Fatalf("session/new: %v\nstderr: %s", err, tail(a.stderr.String(), 4000))
 	}
 
 	// Turn 1: the model writes a file through the agent's tool, then
 	// answers.
-	m.Push(tc.write(agents.WorkspacePath+"/hello.txt", "hello from the model\n"), modeltest.Text("I wrote hello.txt."))
+	m.Push(tc.write(cwd+"/hello.txt", "hello from the model\n"), modeltest.Text("I wrote hello.txt."))
 	rec := a.prompt(ctx, 1, "Please write hello.txt saying hello.")
 	ws := filepath.Join(pdir, string(id), "workspace")
 	if b, err := os.ReadFile(filepath.Join(ws, "hello.txt")); err != nil || string(b) != "hello from the model\n" {
@@ -411,11 +436,11 @@ func testRealAgent(t *testing.T, tc realAgentCase) {
 		// The catalog says that a new process cannot be relied on to
 		// load the session (Atrium re-hydrates it instead): say what the
 		// agent does now, without failing on it, since it varies.
-		err := a2.client.LoadSession(ctx, acpID, agents.WorkspacePath, nil)
+		err := a2.client.LoadSession(ctx, acpID, cwd, nil)
 		t.Logf("%s: the catalog says no session/load; in a new process it answered: %v", tc.name, err)
 		return
 	}
-	if err := a2.client.LoadSession(ctx, acpID, agents.WorkspacePath, nil); err != nil {
+	if err := a2.client.LoadSession(ctx, acpID, cwd, nil); err != nil {
 		t.Fatalf("session/load in a new process: %v\nstderr: %s\nagent home:\n%s", err, tail(a2.stderr.String(), 4000), listHome(cat.Home(id)))
 	}
 	t.Logf("%s restart and session/load: %v", tc.name, time.Since(start).Round(time.Millisecond))
