@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -266,13 +267,7 @@ func (c *Catalog) Launch(name string, sess session.ID, ep compute.ModelEndpoints
 	for p, content := range set.Files {
 		files[p] = content
 	}
-	for _, p := range slices.Sorted(func(yield func(string) bool) {
-		for p := range files {
-			if !yield(p) {
-				return
-			}
-		}
-	}) {
+	for _, p := range slices.Sorted(maps.Keys(files)) {
 		if err := writeHomeFile(home, p, r.Replace(files[p])); err != nil {
 			return Launch{}, err
 		}

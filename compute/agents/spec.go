@@ -142,7 +142,8 @@ type Spec struct {
 	// needs none.
 	Authenticate string `yaml:"authenticate,omitempty" json:"authenticate,omitempty"`
 	// PermissionModes maps Atrium's permission modes to the agent's own
-	// settings. A mode the map lacks cannot be used with the agent.
+	// settings. A mode the map lacks cannot be used with the agent; an
+	// agent without the map runs the same in every mode.
 	PermissionModes map[Mode]Settings `yaml:"permission_modes,omitempty" json:"permission_modes,omitempty"`
 	// Load says that the agent supports session/load (ACP's loadSession
 	// capability), so a new process continues an earlier conversation.
