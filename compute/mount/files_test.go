@@ -13,6 +13,7 @@ import (
 
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/storage/blob"
+	"github.com/atriumhq/atrium/storage/blob/blobtest"
 )
 
 func TestUnifiedDiff_MatchesDiffU(t *testing.T) {
@@ -65,8 +66,14 @@ func applies(t *testing.T, old, diff, want string) bool {
 }
 
 func TestSaved_ReadEditFork(t *testing.T) {
+	t.Run("dir", func(t *testing.T) { testSaved(t, &blob.Dir{Path: t.TempDir()}) })
+	t.Run("s3", func(t *testing.T) { testSaved(t, blobtest.StartS3(t).Open(t, "")) })
+}
+
+// testSaved reads and changes a saved workspace without a sandbox, forks
+// it, deletes the parent, and restores the fork.
+func testSaved(t *testing.T, store blob.Store) {
 	ctx := context.Background()
-	store := &blob.Dir{Path: t.TempDir()}
 	prefix := "sessions/s1/workspace/"
 	m, err := mount.Update(ctx, store, prefix, 5, func(es []mount.Entry) ([]mount.Entry, error) {
 		e, err := mount.PutContent(ctx, store, prefix, strings.NewReader("hello"), 5)
@@ -95,6 +102,7 @@ func TestSaved_ReadEditFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := io.ReadAll(rc)
+	rc.Close()
 	if err != nil || string(b) != "hello" {
 		t.Fatalf("read %q %v", b, err)
 	}
@@ -147,6 +155,7 @@ func TestSaved_ReadEditFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ = io.ReadAll(rc)
+	rc.Close()
 	if string(b) != "hello" {
 		t.Fatalf("fork content %q", b)
 	}
