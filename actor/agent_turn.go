@@ -207,8 +207,11 @@ func (r *runner) promptAgent(p *agentProc, rehydrate bool) agentResult {
 	}
 	if h.cfg.Models != nil && p.token != "" {
 		if err := h.cfg.Models.Activate(p.token, r.turn, a.user); err != nil {
+			// Its token is no good (the gateway restarted): the next
+			// turn starts a process with a new one.
+			p.stale = true
 			e := session.AsError(err)
-			return agentResult{turnExited: agentFailed(e.Code, "the agent may not reach its model: "+e.Message)}
+			return agentResult{turnExited: agentFailed(e.Code, "the agent may not reach its model: "+e.Message+"; the next prompt restarts it")}
 		}
 		defer h.cfg.Models.Deactivate(p.token)
 	}
