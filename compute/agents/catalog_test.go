@@ -255,3 +255,19 @@ func TestCIDeps_PinnedAgents(t *testing.T) {
 		}
 	}
 }
+
+func TestSize_HardLinksOnce(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), make([]byte, 1000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "c"), make([]byte, 10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Size(dir); err != nil || n != 1010 {
+		t.Errorf("Size = %d, %v; want 1010", n, err)
+	}
+}

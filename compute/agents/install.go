@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/atriumhq/atrium/session"
@@ -149,9 +150,12 @@ func removeStale(agentDir string) {
 	}
 }
 
-// Size returns the bytes of the regular files under dir.
+// Size returns the bytes of the regular files under dir, counting a file
+// with several hard links once (npm packages link their platform binary).
 func Size(dir string) (int64, error) {
 	var n int64
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]bool{}
 	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -159,11 +163,21 @@ func Size(dir string) (int64, error) {
 			}
 			return err
 		}
-		if d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
+		if !d.Type().IsRegular() {
+			return nil
 		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+			k := inode{uint64(st.Dev), st.Ino}
+			if seen[k] {
+				return nil
+			}
+			seen[k] = true
+		}
+		n += fi.Size()
 		return nil
 	})
 	return n, err
