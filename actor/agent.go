@@ -177,7 +177,7 @@ func (h *Host) startAgent(ctx context.Context, b *box, launch AgentLaunch, token
 		return nil, err
 	}
 	p := &agentProc{proc: proc, token: token, exited: make(chan struct{})}
-	p.client = acp.Start(proc.Stdin(), proc.Stdout(), acp.Config{Logger: log.With("agent_pid", fmt.Sprintf("%p", p))})
+	p.client = acp.Start(proc.Stdin(), proc.Stdout(), acp.Config{Logger: log.With("agent", "acp")})
 	h.agents.mu.Lock()
 	if h.agents.procs == nil {
 		h.agents.procs = map[*agentProc]bool{}
