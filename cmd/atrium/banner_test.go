@@ -49,3 +49,16 @@ func TestDevUser(t *testing.T) {
 		t.Errorf("with an invalid USER: %q, want %q", got, want)
 	}
 }
+
+func TestLocalURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://0.0.0.0:7080":   "http://127.0.0.1:7080",
+		"http://[::]:7080":      "http://127.0.0.1:7080",
+		"http://10.1.2.3:7080":  "http://10.1.2.3:7080",
+		"http://127.0.0.1:7080": "http://127.0.0.1:7080",
+	} {
+		if got := localURL(in); got != want {
+			t.Errorf("localURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -230,7 +230,8 @@ func explain(err error, server string) error {
 		hint := ""
 		switch se.Code {
 		case session.CodeUnauthenticated:
-			hint = "run 'atrium login', or pass --token or set " + envToken + " (a dev server accepts --token dev:<user>)"
+			hint = "run 'atrium login', or pass --token or set " + envToken + " (a dev server accepts --token dev:<user>; " +
+				"a new server in token mode: 'atrium token create --bootstrap' on its machine)"
 		case session.CodeForbidden:
 			hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
 		case session.CodeNotFound:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	neturl "net/url"
 	"os"
 	"os/exec"
@@ -201,7 +202,7 @@ func runServer(ctx context.Context, env *cliEnv, cfg server.Config) error {
 			"  First token (on this machine, as a user who can read the data dir):\n"+
 			"    %s token create --bootstrap --data %s --server %s --user admin --name admin-cli\n"+
 			"  (see docs/auth.md, \"API tokens only\")\n\nPress Ctrl-C to stop.\n",
-			url, srv.DataDir(), selfCommand(), shellQuote(srv.DataDir()), url)
+			url, srv.DataDir(), selfCommand(), shellQuote(srv.DataDir()), localURL(url))
 	}
 	if srv.IsGateway() && srv.IsNode() {
 		// One process: nothing to say about roles.
@@ -277,4 +278,17 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// localURL is url with an unspecified host (0.0.0.0, [::]) replaced by
+// 127.0.0.1, for commands run on the server's machine.
+func localURL(url string) string {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return url
+	}
+	if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
+	}
+	return u.String()
 }
