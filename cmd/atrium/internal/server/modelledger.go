@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -90,13 +91,14 @@ func (l *kvLedger) Spent(ctx context.Context, key string) (int64, float64, error
 }
 
 // Add implements modelgw.Ledger: a compare-and-set on the window's record,
-// repeated when another node wrote it in between.
+// repeated after a short random pause when another writer got in between,
+// until ctx ends.
 func (l *kvLedger) Add(ctx context.Context, key string, tokens int64, cost float64, _ time.Time) error {
 	kv, err := l.open(ctx)
 	if err != nil {
 		return err
 	}
-	for range 20 {
+	for attempt := 0; ; attempt++ {
 		r, rev, err := l.get(ctx, kv, key)
 		if err != nil {
 			return err
@@ -115,11 +117,14 @@ func (l *kvLedger) Add(ctx context.Context, key string, tokens int64, cost float
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
 			return fmt.Errorf("model spend %s: %w", key, err)
 		}
-		if err := ctx.Err(); err != nil {
-			return err
+		pause := time.NewTimer(time.Duration(rand.Int64N(int64(min(attempt+1, 20)) * int64(time.Millisecond))))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return fmt.Errorf("model spend %s: concurrent updates: %w", key, ctx.Err())
 		}
 	}
-	return fmt.Errorf("model spend %s: too many concurrent updates", key)
 }
 
 // isWrongSequence reports a failed compare-and-set.
