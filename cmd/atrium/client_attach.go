@@ -71,7 +71,7 @@ func attach(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, h
 	if history >= 0 {
 		after = max(0, s.LastSeq-history)
 	}
-	st, err := c.Watch(ctx, id, after, client.WatchOptions{})
+	st, err := c.Watch(ctx, id, after, client.WatchOptions{Deltas: true})
 	if err != nil {
 		if interrupted(ctx) {
 			return nil
@@ -165,6 +165,7 @@ type attachView struct {
 	attached bool
 	watching []string        // users watching, sorted, deduplicated
 	pending  map[string]bool // client_ids of prompts sent and not yet acked or refused
+	agent    agentStream     // agent text streaming in (render.go)
 }
 
 func (v *attachView) frame(f client.Frame) {
@@ -212,10 +213,16 @@ func (v *attachView) frame(f client.Frame) {
 	case f.Event != nil:
 		v.seen = max(v.seen, f.Event.Seq)
 		v.event(out, errw, *f.Event)
+	case f.Delta != nil:
+		v.agent.delta(out, *f.Delta)
 	}
 }
 
 func (v *attachView) event(out, errw io.Writer, ev session.Event) {
+	if v.agent.agentEvent(out, ev) { // the agent kinds (render.go)
+		return
+	}
+	v.agent.end(out)
 	switch ev.Kind {
 	case session.KindMessage:
 		var d session.MessageData

@@ -345,10 +345,13 @@ func approvalOptions(opts []session.ApprovalOption) string {
 // message whose deltas are being printed and what they said, so the
 // durable message that follows is not printed twice.
 type agentStream struct {
-	id   string          // the message being printed, "" if none
-	text strings.Builder // what its deltas said
-	nl   bool            // the last delta printed ended a line
+	id       string            // the message being printed, "" if none
+	nl       bool              // the last delta printed ended a line
+	streamed map[string]string // what the deltas of each message said, until its agent_message
 }
+
+// maxStreamed bounds the messages whose streamed text attach remembers.
+const maxStreamed = 64
 
 // agentEvent prints an event of an agent kind the way attach shows it, and
 // reports whether ev was one.
@@ -359,14 +362,15 @@ func (a *agentStream) agentEvent(out io.Writer, ev session.Event) bool {
 		if json.Unmarshal(ev.Data, &d) != nil {
 			return false
 		}
-		if a.id == d.MessageID && a.id != "" {
-			same := a.text.String() == d.Text
+		if a.id == d.MessageID {
 			a.end(out)
-			if same {
-				return true // its deltas showed it whole
-			}
-			// Deltas missed before attaching: the whole message follows.
 		}
+		text, seen := a.streamed[d.MessageID]
+		delete(a.streamed, d.MessageID)
+		if seen && text == d.Text {
+			return true // its deltas showed it whole
+		}
+		// Not streamed, or deltas missed before attaching: shown whole.
 		a.end(out)
 		fmt.Fprintf(out, "agent> %s\n", indent(agentSafe(d.Text), "       "))
 		return true
@@ -398,6 +402,23 @@ func (a *agentStream) agentEvent(out io.Writer, ev session.Event) bool {
 		a.end(out)
 		fmt.Fprintf(out, "-- %s\n", planText(d, "   "))
 		return true
+	case session.KindApprovalRequested:
+		var d session.ApprovalRequestedData
+		if json.Unmarshal(ev.Data, &d) != nil || len(d.Options) == 0 {
+			return false // a harness's approval: attach's usual lines
+		}
+		a.end(out)
+		what := d.Title
+		if what == "" {
+			what = d.Summary
+		}
+		fmt.Fprintf(out, "?? approval %s requested: %s\n", agentSafe(d.ID), oneLine(agentSafe(what), 300))
+		if st := contentStat(d.Content); st != "" {
+			fmt.Fprintf(out, "   %s\n", st)
+		}
+		fmt.Fprintf(out, "   the agent offers: %s\n   answer with /approve %s or /deny %s (the web UI offers each option)\n",
+			approvalOptions(d.Options), agentSafe(d.ID), agentSafe(d.ID))
+		return true
 	case session.KindAgentThought, session.KindUsage, session.KindFilesChanged:
 		s, ok := agentKindSummary(ev)
 		if !ok {
@@ -413,15 +434,21 @@ func (a *agentStream) agentEvent(out io.Writer, ev session.Event) bool {
 // delta prints streaming agent text as it arrives, after an "agent>"
 // prefix; the agent_message that follows ends the line.
 func (a *agentStream) delta(out io.Writer, d session.DeltaFrame) {
+	if d.Text == "" {
+		return
+	}
+	if a.streamed == nil {
+		a.streamed = make(map[string]string)
+	}
+	if _, ok := a.streamed[d.MessageID]; !ok && len(a.streamed) >= maxStreamed {
+		clear(a.streamed) // agent_messages that never came: forget them
+	}
 	if a.id != d.MessageID {
 		a.end(out)
 		a.id = d.MessageID
 		fmt.Fprint(out, "agent> ")
 	}
-	if d.Text == "" {
-		return
-	}
-	a.text.WriteString(d.Text)
+	a.streamed[d.MessageID] += d.Text
 	t := agentSafe(d.Text)
 	if a.nl {
 		t = "       " + t
@@ -442,5 +469,4 @@ func (a *agentStream) end(out io.Writer) {
 		fmt.Fprintln(out)
 	}
 	a.id, a.nl = "", false
-	a.text.Reset()
 }
