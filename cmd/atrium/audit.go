@@ -42,7 +42,8 @@ token_revoked, member_changed, session_created, session_deleted, denied,
 secret_set, secret_deleted, egress_set, task_started, schedule_created,
 schedule_deleted, schedule_paused, schedule_resumed, schedule_run,
 dead_letter_retried, dead_letter_dropped, webhook_subscribed,
-webhook_unsubscribed.
+webhook_unsubscribed, model_call (one per call through the node's model
+gateway: provider/model, tokens and cost, never the prompt).
 
 --since and --until take a duration before now (24h, 7d), a date
 (2026-01-31, midnight local time) or an RFC 3339 time. --limit is the most
