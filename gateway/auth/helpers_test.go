@@ -328,19 +328,20 @@ func newEnv(t testing.TB, opt envOpt) *env {
 	e.srv = httptest.NewUnstartedServer(nil)
 	base := "http://" + e.srv.Listener.Addr().String()
 	cfg := auth.OIDCConfig{
-		Issuer:       e.p.Issuer(),
-		ClientID:     e.p.ClientID,
-		ClientSecret: e.p.ClientSecret,
-		RedirectURL:  base + "/auth/callback",
-		Scopes:       []string{"openid", "email", "profile", "groups"}, // mockoidc knows no offline_access; it always gives a refresh token
-		TenantClaim:  "org",
-		AdminGroup:   "atrium-admins",
-		CookieKey:    cookieKey,
-		CLIClientID:  "atrium-cli",
-		Audience:     "atrium-api",
-		Audit:        e.audit,
-		Logger:       slog.New(slog.DiscardHandler),
-		Now:          clk.Now,
+		Issuer:        e.p.Issuer(),
+		ClientID:      e.p.ClientID,
+		ClientSecret:  e.p.ClientSecret,
+		RedirectURL:   base + "/auth/callback",
+		Scopes:        []string{"openid", "email", "profile", "groups"}, // mockoidc knows no offline_access; it always gives a refresh token
+		TenantClaim:   "org",
+		AdminGroup:    "atrium-admins",
+		OperatorGroup: "atrium-operators",
+		CookieKey:     cookieKey,
+		CLIClientID:   "atrium-cli",
+		Audience:      "atrium-api",
+		Audit:         e.audit,
+		Logger:        slog.New(slog.DiscardHandler),
+		Now:           clk.Now,
 	}
 	if opt.config != nil {
 		opt.config(&cfg)

@@ -35,6 +35,7 @@ func TestOIDC_Bearer(t *testing.T) {
 		user    string // empty: refused
 		tenant  string
 		admin   bool
+		op      bool         // an operator
 		noCreds bool         // not OIDC's: ErrNoCredentials
 		code    session.Code // when refused
 		msg     string       // in the error message
@@ -43,6 +44,8 @@ func TestOIDC_Bearer(t *testing.T) {
 		"id token of the CLI": {token: iss.sign(t, e.p.claims(map[string]any{"aud": "atrium-cli"})), user: "ann@example.com", tenant: "acme"},
 		"access token":        {token: iss.sign(t, e.p.claims(map[string]any{"aud": []string{"atrium-api", "other"}})), user: "ann@example.com", tenant: "acme"},
 		"admin":               {token: iss.sign(t, e.p.claims(map[string]any{"groups": []string{"x", "atrium-admins"}})), user: "ann@example.com", tenant: "acme", admin: true},
+		"operator":            {token: iss.sign(t, e.p.claims(map[string]any{"groups": []string{"atrium-operators"}})), user: "ann@example.com", tenant: "acme", op: true},
+		"admin not operator":  {token: iss.sign(t, e.p.claims(map[string]any{"groups": []string{"atrium-admins", "atrium-operators-not"}})), user: "ann@example.com", tenant: "acme", admin: true},
 		"groups not admin":    {token: iss.sign(t, e.p.claims(map[string]any{"groups": "atrium-admins-not"})), user: "ann@example.com", tenant: "acme"},
 		"tenant in a list":    {token: iss.sign(t, e.p.claims(map[string]any{"org": []string{"globex"}})), user: "ann@example.com", tenant: "globex"},
 		"sub without email":   {token: iss.sign(t, e.p.claims(map[string]any{"email": nil})), user: "u-ann", tenant: "acme"},
@@ -84,7 +87,7 @@ func TestOIDC_Bearer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if p.User != c.user || p.Tenant != c.tenant || p.Admin != c.admin || p.Via != session.ViaOIDC || p.Expires.IsZero() {
+				if p.User != c.user || p.Tenant != c.tenant || p.Admin != c.admin || p.Operator != c.op || p.Via != session.ViaOIDC || p.Expires.IsZero() {
 					t.Fatalf("principal %+v", p)
 				}
 				return
