@@ -26,6 +26,7 @@ package modelgw
 import (
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -224,6 +225,7 @@ type Gateway struct {
 	metrics   *metrics
 	now       func() time.Time
 	ledger    Ledger
+	errorLog  *log.Logger // the reverse proxy's, into log at debug level
 
 	mu     sync.Mutex
 	tokens map[string]*grant // guarded by mu
@@ -252,6 +254,7 @@ func New(cfg Config) (*Gateway, error) {
 	if g.ledger == nil {
 		g.ledger = newMemLedger(g.now)
 	}
+	g.errorLog = slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
 	if g.cfg.MaxBody <= 0 {
 		g.cfg.MaxBody = DefaultMaxBody
 	}

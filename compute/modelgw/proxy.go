@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"path"
@@ -77,16 +76,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := g.now()
-	b, over := g.over(r.Context(), who.session, who.tenant, now)
-	notify := false
-	if over {
+	if b, over := g.over(r.Context(), who.session, who.tenant, now); over {
+		// The node is told once per activation; the agent may retry.
+		notify := false
 		g.mu.Lock()
 		if gr := g.tokens[who.token]; gr != nil && !gr.warned {
 			gr.warned, notify = true, true
 		}
 		g.mu.Unlock()
-	}
-	if over {
 		g.metrics.refused.WithLabelValues("over_budget").Inc()
 		reason := "over the " + b.String()
 		writeError(w, fam, http.StatusTooManyRequests, "Atrium: "+reason+"; the turn is ended")
@@ -102,7 +99,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		FlushInterval:  -1,
 		ModifyResponse: c.modifyResponse,
 		ErrorHandler:   c.errorHandler,
-		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ErrorLog:       g.errorLog,
 	}
 	rp.ServeHTTP(w, r)
 	c.settle()
