@@ -38,7 +38,9 @@ serves only /healthz, /readyz and /metrics. See docs/scale-out.md.
 
 Unlike 'atrium dev', serve never runs without authentication: the file must choose
 auth.mode oidc (an OpenID Connect provider; see docs/auth.md) or tokens (API tokens
-only). Check a file first with 'atrium config check FILE'.
+only; make the first one on this machine with 'atrium token create --bootstrap',
+which reads the key the server keeps in its data directory). Check a file first
+with 'atrium config check FILE'.
 
 SIGTERM or Ctrl-C stops it gracefully: a gateway closes WebSockets with 1012
 "reconnect" so clients resume on another gateway; a node lets running turns finish
