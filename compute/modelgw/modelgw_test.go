@@ -36,6 +36,7 @@ type rig struct {
 	reg  *prometheus.Registry
 	mu   sync.Mutex
 	used []session.UsageData // guarded by mu
+	who  []string            // guarded by mu: "session/turn/user" of each usage
 	over []string            // guarded by mu
 	aud  []modelgw.AuditEntry
 	now  time.Time // guarded by mu
@@ -57,6 +58,7 @@ func newRig(t *testing.T, edit func(*modelgw.Config)) *rig {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			r.used = append(r.used, u)
+			r.who = append(r.who, fmt.Sprintf("%s/%d/%s", id, turn, user))
 		},
 		OnOverBudget: func(id session.ID, turn int64, reason string) {
 			r.mu.Lock()

@@ -286,3 +286,36 @@ func TestGateway_SharedLedger(t *testing.T) {
 		t.Fatalf("fourth call: %d, want 429", s)
 	}
 }
+
+// TestGateway_TokenScope: a call is counted for the session, turn and user
+// of the token it carries, whatever other tokens are active.
+func TestGateway_TokenScope(t *testing.T) {
+	r := newRig(t, nil)
+	a := r.gw.Issue("sa", "")
+	b := r.gw.Issue("sb", "")
+	if err := r.gw.Activate(a, 3, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.gw.Activate(b, 7, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range []string{b, a} {
+		if resp, body := do(t, "POST", r.url+"/anthropic/v1/messages", `{"model":"claude-x"}`, "x-api-key", tok); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		waitUsage(t, r, i+1)
+	}
+	r.gw.Deactivate(b) // sb's turn ends; sa's goes on
+	if resp, _ := do(t, "POST", r.url+"/anthropic/v1/messages", `{"model":"claude-x"}`, "x-api-key", b); resp.StatusCode != 401 {
+		t.Fatalf("sb's token after its turn: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, "POST", r.url+"/anthropic/v1/messages", `{"model":"claude-x"}`, "x-api-key", a); resp.StatusCode != 200 {
+		t.Fatalf("sa's token during its turn: %d", resp.StatusCode)
+	}
+	waitUsage(t, r, 3)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if got := strings.Join(r.who, " "); got != "sb/7/bob sa/3/ann sa/3/ann" {
+		t.Fatalf("usage counted for %s", got)
+	}
+}
