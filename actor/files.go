@@ -654,7 +654,10 @@ func (s *sessionActor) startFileOps() {
 	s.spawn(func() {
 		defer cancel()
 		done := &fileOpDone{op: op, bo: bo}
-		done.paths, done.before, done.after, done.err = h.applyFileOp(ctx, id, b, fence, op)
+		note := func(state session.SandboxState, detail string, err *session.ErrorData) {
+			s.send(&sandboxNote{state: state, detail: detail, err: err})
+		}
+		done.paths, done.before, done.after, done.err = h.applyFileOp(ctx, id, b, fence, op, note)
 		s.send(done)
 	})
 }
@@ -668,7 +671,7 @@ type change struct {
 // applyFileOp applies a write: to the live workspace of an awake local
 // sandbox (then saved), or to the saved workspace. It runs on the box op's
 // goroutine, holding b.
-func (h *Host) applyFileOp(ctx context.Context, id session.ID, b *box, fence int64, op *fileOp) (paths []string, before, after *mount.Manifest, err error) {
+func (h *Host) applyFileOp(ctx context.Context, id session.ID, b *box, fence int64, op *fileOp, note noteFunc) (paths []string, before, after *mount.Manifest, err error) {
 	changes, err := h.planWrite(op)
 	if err != nil {
 		return nil, nil, nil, err
@@ -684,7 +687,7 @@ func (h *Host) applyFileOp(ctx context.Context, id session.ID, b *box, fence int
 		}
 		// A remote sandbox: save and put it to sleep, then change the
 		// saved copy, which it restores when it wakes.
-		h.sleepBox(ctx, b, "a file was written while the sandbox was awake", func(session.SandboxState, string, *session.ErrorData) {})
+		h.sleepBox(ctx, b, "files are being written to its saved workspace", note)
 	}
 	return h.applySaved(ctx, id, fence, op, changes)
 }
