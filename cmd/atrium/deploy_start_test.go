@@ -169,6 +169,19 @@ func TestDeploy_ExampleConfigServes(t *testing.T) {
 	if _, errs, err := c.run(cliContext(t), nil, "token", "create", "--name", "x"); err == nil || !strings.Contains(errs+err.Error(), "--bootstrap") {
 		t.Errorf("token create without credentials on a token-mode server: %v, want a hint at --bootstrap", err)
 	}
+	// Another data dir's key is refused, saying what to check.
+	otherDir := t.TempDir()
+	if _, err := auth.EnsureBootstrapKey(otherDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.run(cliContext(t), nil, "token", "create", "--bootstrap", "--data", otherDir, "--name", "x"); err == nil ||
+		!strings.Contains(err.Error(), "refused the bootstrap key") || !strings.Contains(err.Error(), "data directory") {
+		t.Errorf("token create --bootstrap with another server's key: %v", err)
+	}
+	if _, _, err := c.run(cliContext(t), nil, "token", "create", "--bootstrap", "--data", t.TempDir(), "--name", "x"); err == nil ||
+		!strings.Contains(err.Error(), "no bootstrap key in") {
+		t.Errorf("token create --bootstrap without a key: %v", err)
+	}
 	tok := strings.TrimSpace(c.ok("token", "create", "--bootstrap", "--data", data, "--user", "admin", "--name", "first"))
 	if !strings.HasPrefix(tok, auth.TokenPrefix) {
 		t.Fatalf("token create --bootstrap printed %q", tok)

@@ -108,6 +108,10 @@ readable by the server's user only.`,
 				return err
 			}
 			t, err := c.CreateToken(cmd.Context(), req)
+			if err != nil && boot.on && errors.Is(err, session.ErrUnauthenticated) {
+				return cliError{err: err, msg: "the server at " + conn.server + " refused the bootstrap key: " + session.AsError(err).Message,
+					hint: "run it on the machine of a server in auth.mode tokens, with --data (or --config) naming that server's data directory, and --server its address"}
+			}
 			if err != nil {
 				return explainTokens(err, conn.server)
 			}
