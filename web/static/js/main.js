@@ -89,7 +89,7 @@ async function showLogin() {
     try { issuer = cfg.issuer ? new URL(cfg.issuer).host : ''; } catch { /* shown without */ }
     parts.push(h('a', { class: 'button primary', id: 'signin', href: `${login}?next=${encodeURIComponent(here)}`, text: issuer ? `Sign in with ${issuer}` : 'Sign in' }));
   } else if (mode === 'tokens') {
-    parts.push(h('p', { text: 'This server accepts API tokens only: use the command line client (atrium login), or ask an admin to configure a login.' }));
+    parts.push(h('p', { text: 'This server accepts API tokens only: use the command line client with a token (atrium --token, or ATRIUM_TOKEN). The first token is made on the server\'s machine with atrium token create --bootstrap; ask an admin for one, or to configure a login (docs/auth.md).' }));
   } else {
     let last = '';
     try { last = localStorage.getItem(USER_KEY) || ''; } catch { /* storage may be off */ }
