@@ -87,6 +87,8 @@ cancelled and recorded, every acknowledged event is on disk, files are closed.`,
 			if err != nil {
 				return err
 			}
+			// The browser's sign-in suggests the user the CLI acts as.
+			cfg.DevUser = devUser(env.getenv)
 			level := slog.LevelInfo
 			if verbose {
 				level = slog.LevelDebug

@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -114,6 +116,24 @@ func TestREADME_TourAsWritten(t *testing.T) {
 	}
 	cmds := readmeTour(t)
 	p := startDev(t, t.TempDir())
+	// The browser's sign-in suggests the user the CLI acts as, and the
+	// banner's link signs in as that user.
+	resp, err := http.Get(p.url + "/auth/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ac struct {
+		DevUser string `json:"dev_user"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ac)
+	resp.Body.Close()
+	if cli := devUser(os.Getenv); err != nil || ac.DevUser != cli {
+		t.Fatalf("/auth/config dev_user %q (%v), want the CLI's dev user %q", ac.DevUser, err, cli)
+	}
+	link := p.url + "/auth/dev?" + url.Values{"user": {ac.DevUser}}.Encode()
+	if !strings.Contains(p.stdout.String(), link) {
+		t.Fatalf("the banner has no sign-in link %s:\n%s", link, p.stdout)
+	}
 	u, err := url.Parse(p.url)
 	if err != nil {
 		t.Fatal(err)

@@ -69,6 +69,9 @@ type ConfigInfo struct {
 	ClientSecret string   `json:"client_secret,omitempty"`
 	Scopes       []string `json:"scopes,omitempty"`
 	LoginURL     string   `json:"login_url,omitempty"`
+	// DevUser is, in mode dev, the user name the sign-in form suggests:
+	// the one the CLI on the server's machine acts as by default.
+	DevUser string `json:"dev_user,omitempty"`
 }
 
 // ErrNoCredentials means the request carries no credentials the

@@ -199,3 +199,12 @@ func TestChain(t *testing.T) {
 		t.Fatal("Refresh did not call next")
 	}
 }
+
+func TestDev_DescribeSuggestsUser(t *testing.T) {
+	if got := (&auth.Dev{User: "ann"}).Describe(); got.Mode != auth.ModeDev || got.DevUser != "ann" {
+		t.Fatalf("%+v", got)
+	}
+	if got := auth.Chain(&auth.Dev{User: "ann"}).(auth.Describer).Describe(); got.DevUser != "ann" {
+		t.Fatalf("chain: %+v", got)
+	}
+}

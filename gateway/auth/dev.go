@@ -26,6 +26,9 @@ const DevTokenPrefix = "dev:"
 type Dev struct {
 	// Tenant is the tenant of every dev principal; empty by default.
 	Tenant string
+	// User is the user the browser's sign-in form suggests: the one the
+	// CLI acts as by default on this machine. Empty: no suggestion.
+	User string
 }
 
 var (
@@ -74,7 +77,7 @@ func (d *Dev) principal(r *http.Request, user, via string) (session.Principal, e
 // Describe implements Describer: mode "dev", with the browser login at
 // /auth/dev.
 func (d *Dev) Describe() ConfigInfo {
-	return ConfigInfo{Mode: ModeDev, LoginURL: "/auth/dev"}
+	return ConfigInfo{Mode: ModeDev, LoginURL: "/auth/dev", DevUser: d.User}
 }
 
 var errLoopbackOnly = session.Errorf(session.CodeUnauthenticated,

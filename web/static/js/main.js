@@ -91,8 +91,11 @@ async function showLogin() {
   } else if (mode === 'tokens') {
     parts.push(h('p', { text: 'This server accepts API tokens only: use the command line client with a token (atrium --token, or ATRIUM_TOKEN). The first token is made on the server\'s machine with atrium token create --bootstrap; ask an admin for one, or to configure a login (docs/auth.md).' }));
   } else {
+    // The user this browser signed in as last, else the one the CLI on the
+    // server's machine acts as (so both see the same sessions).
     let last = '';
     try { last = localStorage.getItem(USER_KEY) || ''; } catch { /* storage may be off */ }
+    if (!last && cfg && cfg.dev_user) last = cfg.dev_user;
     const user = h('input', { id: 'user', name: 'user', required: true, maxLength: 128, autocomplete: 'username', spellcheck: false, value: last });
     const form = h('form', { method: 'get', action: (cfg && cfg.login_url) || '/auth/dev', class: 'login-form', id: 'login' },
       h('div', { class: 'field' }, h('label', { htmlFor: 'user', text: 'User name' }), user),

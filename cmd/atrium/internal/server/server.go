@@ -209,6 +209,8 @@ type Config struct {
 	PublicURL string
 	// AllowedOrigins lists extra browser origins (see gateway.Config).
 	AllowedOrigins []string
+	// DevUser is the user the dev sign-in form suggests (auth.Dev.User).
+	DevUser string
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
 	// the client (auth.TrustedProxies): the throttle, the audit log, the
 	// access log and the dev identity's loopback check see that client.
@@ -639,7 +641,7 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 	var authn auth.Authenticator
 	switch cfg.AuthMode {
 	case "", AuthDev:
-		authn = auth.Chain(&auth.Dev{})
+		authn = auth.Chain(&auth.Dev{User: cfg.DevUser})
 	case AuthTokens:
 		// The first tokens are made with the data directory's bootstrap
 		// key: `atrium token create --bootstrap` (docs/auth.md).
