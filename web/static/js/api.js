@@ -75,6 +75,11 @@ export function events(id, after, limit, opts) {
   return request('GET', `${base(id)}/events?after=${after}&limit=${limit}`, undefined, opts);
 }
 
+/** deleteSession deletes the session for everyone (owner). */
+export function deleteSession(id) {
+  return request('DELETE', base(id));
+}
+
 /** setMember gives user a role on the session ("none" removes them). */
 export function setMember(id, user, role) {
   return request('PUT', `${base(id)}/members/${enc(user)}`, { role });
@@ -120,4 +125,91 @@ export async function whoami() {
     if (err instanceof APIError && err.status === 404) return null;
     throw err;
   }
+}
+
+// --- the session's workspace (DESIGN §7 "More REST") ---------------------
+
+const encPath = (p) => String(p).split('/').map(enc).join('/');
+
+/** listFiles returns the entries ({path, type, size, mode, mtime}) of folder dir ("" is the workspace). */
+export async function listFiles(id, dir, opts) {
+  const q = dir ? `?path=${enc(dir)}` : '';
+  return (await request('GET', `${base(id)}/files${q}`, undefined, opts)).entries || [];
+}
+
+/** fileURL is where a file's bytes are (a download link, or fetched to show it). */
+export function fileURL(id, path) {
+  return `${base(id)}/files/${encPath(path)}`;
+}
+
+/** archiveURL is a tar.gz of folder dir ("" is the whole workspace). */
+export function archiveURL(id, dir) {
+  return `${base(id)}/archive${dir ? `?path=${enc(dir)}` : ''}`;
+}
+
+/**
+ * readFile returns up to max bytes of a file as {bytes (Uint8Array), size,
+ * truncated}, reading no further than max.
+ */
+export async function readFile(id, path, max, { signal } = {}) {
+  let res;
+  try {
+    res = await fetch(fileURL(id, path), { credentials: 'same-origin', signal });
+  } catch (err) {
+    if (err.name === 'AbortError') throw err;
+    throw new APIError(0, 'network', 'Cannot reach the Atrium server.');
+  }
+  if (!res.ok) {
+    const data = await res.json().catch(() => null);
+    const e = data && data.error;
+    throw new APIError(res.status, (e && e.code) || statusCodes[res.status] || 'internal', (e && e.message) || `${res.status} ${res.statusText}`);
+  }
+  const size = Number(res.headers.get('Content-Length')) || 0;
+  const reader = res.body.getReader();
+  const parts = [];
+  let got = 0;
+  while (got < max) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    parts.push(value);
+    got += value.length;
+  }
+  const truncated = got >= max && (size > max || !(await reader.read()).done);
+  reader.cancel().catch(() => {});
+  const bytes = new Uint8Array(Math.min(got, max));
+  let off = 0;
+  for (const p of parts) {
+    const n = Math.min(p.length, bytes.length - off);
+    bytes.set(p.subarray(0, n), off);
+    off += n;
+  }
+  return { bytes, size: size || got, truncated };
+}
+
+/** putFile writes a file (a driver's upload); the write is ordered with the session's turns. */
+export async function putFile(id, path, blob) {
+  let res;
+  try {
+    res = await fetch(fileURL(id, path), { method: 'PUT', body: blob, credentials: 'same-origin', headers: { 'Content-Type': 'application/octet-stream' } });
+  } catch {
+    throw new APIError(0, 'network', 'Cannot reach the Atrium server.');
+  }
+  if (!res.ok) {
+    const data = await res.json().catch(() => null);
+    const e = data && data.error;
+    throw new APIError(res.status, (e && e.code) || statusCodes[res.status] || 'internal', (e && e.message) || `${res.status} ${res.statusText}`);
+  }
+}
+
+/** turnChanges returns {files: [{path, status, diff?}]}: what turn n changed in the workspace. */
+export function turnChanges(id, n, opts) {
+  return request('GET', `${base(id)}/turns/${n}/changes`, undefined, opts);
+}
+
+/** fork makes a new session from this one's history up to atSeq and its workspace as of then. */
+export function fork(id, atSeq, title) {
+  const body = {};
+  if (atSeq) body.at_seq = atSeq;
+  if (title) body.title = title;
+  return request('POST', `${base(id)}/fork`, body);
 }

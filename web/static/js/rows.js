@@ -84,7 +84,10 @@ const renderers = {
     if (d.duration_ms) bits.push(duration(d.duration_ms));
     return h('div', { class: ['turnline', 'done', `st-${d.status}`] },
       h('span', { class: 'mark', attrs: { 'aria-hidden': 'true' }, text: d.status === 'ok' ? '✓' : '■' }),
-      h('span', { text: bits.join(' · ') }), ' ', timeEl(ev.time));
+      h('span', { text: bits.join(' · ') }), ' ', timeEl(ev.time),
+      h('span', { class: 'turn-actions' },
+        h('button', { type: 'button', class: 'link', data: { changes: d.turn }, text: 'Changes', attrs: { 'aria-label': `Files changed by turn ${d.turn}` } }),
+        h('button', { type: 'button', class: 'link', data: { fork: ev.seq, turn: d.turn }, text: 'Fork here', attrs: { 'aria-label': `Fork the session as of the end of turn ${d.turn}` } })));
   },
 
   output(ev, d, ctx) {

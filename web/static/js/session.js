@@ -17,6 +17,7 @@ import { Timeline } from './timeline.js';
 import { renderRow } from './rows.js';
 import * as md from './markdown.js';
 import { visible, usageText } from './agent.js';
+import { Workspace } from './workspace.js';
 
 const NOTIFY_KEY = 'atrium.notify'; // "1" when the user asked for browser notifications
 const STREAM_RENDERS_PER_S = 10; // how often a streaming message is rendered again
@@ -79,6 +80,12 @@ export class SessionPage {
     this.renderNotify();
     this.presenceEl = h('ul', { class: 'presence', id: 'presence', attrs: { 'aria-label': 'Here now' } });
     this.shareBtn = h('button', { type: 'button', class: 'small', id: 'share-open', hidden: true, text: 'Share', on: { click: () => this.openShare() } });
+    this.ws = new Workspace({ id: this.id, canDrive: () => !this.fatal && rank(this.role) >= 2, onClose: () => this.filesBtn.setAttribute('aria-expanded', 'false') });
+    this.filesBtn = h('button', { type: 'button', class: 'small', id: 'files-open', text: 'Files', attrs: { 'aria-expanded': 'false', 'aria-controls': 'workspace' }, on: { click: () => {
+      if (this.ws.open) this.ws.close();
+      else this.ws.show();
+      this.filesBtn.setAttribute('aria-expanded', String(this.ws.open));
+    } } });
     this.banner = h('div', { class: 'banner', hidden: true, attrs: { role: 'alert' } });
     this.announcer = h('div', { class: 'sr-only', attrs: { 'aria-live': 'polite' } });
 
@@ -116,10 +123,11 @@ export class SessionPage {
           h('a', { href: '/', class: 'back', data: { nav: '' }, attrs: { 'aria-label': 'All sessions' }, text: '←' }),
           title, this.roleEl),
         h('div', { class: 'sbar-status' },
-          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.usageEl, this.presenceEl, this.notifyBtn, this.shareBtn)),
+          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.usageEl, this.presenceEl, this.filesBtn, this.notifyBtn, this.shareBtn)),
       this.banner,
       this.scroller,
       h('div', { class: 'bottom' }, this.queueEl, this.composer, this.viewerNote),
+      this.ws.el,
       this.dialog,
       this.confirmDlg,
       this.announcer));
@@ -256,6 +264,7 @@ export class SessionPage {
         if (st) this.timeline.update(st.prompt_seq);
         for (const seq of m.approvalsOfTurn.get(d.turn) || []) this.timeline.update(seq);
         for (const [id, st] of this.streams) if (st.turn === d.turn) this.endStream(id);
+        this.ws.changed();
         if (this.caughtUp) {
           this.announce(`Turn ${d.turn} ${d.status}`);
           if (document.hidden) {
@@ -284,6 +293,9 @@ export class SessionPage {
       }
       case 'usage':
         this.renderUsage();
+        break;
+      case 'files_changed':
+        this.ws.changed();
         break;
       case 'agent_message':
         this.endStream(d.message_id);
@@ -774,6 +786,12 @@ export class SessionPage {
     const btn = e.target.closest('button');
     if (!btn || !this.rowsEl.contains(btn)) return;
     if (btn.dataset.approve) return this.approve(btn);
+    if (btn.dataset.changes) {
+      this.ws.changes(Number(btn.dataset.changes));
+      this.filesBtn.setAttribute('aria-expanded', 'true');
+      return;
+    }
+    if (btn.dataset.fork) return this.forkAt(Number(btn.dataset.fork), Number(btn.dataset.turn), btn);
     const row = btn.closest('.ev');
     if (!row) return;
     const seq = Number(row.dataset.seq);
@@ -791,6 +809,26 @@ export class SessionPage {
     if (this.model && this.model.running && rank(this.role) >= 2 && !this.fatal) {
       e.preventDefault();
       this.cancel();
+    }
+  }
+
+  // forkAt makes a new session from this one as of seq (the end of a
+  // turn) and opens it.
+  async forkAt(seq, turn, btn) {
+    btn.disabled = true;
+    const title = `${(this.session && this.session.title) || 'Untitled session'}`;
+    const suffix = ` (fork at turn ${turn})`;
+    const bytes = new TextEncoder();
+    let t = title;
+    while (bytes.encode(t + suffix).length > 256) t = t.slice(0, -1);
+    try {
+      const s = await api.fork(this.id, seq, t + suffix);
+      toast(`Forked as "${s.title}"`);
+      this.app.navigate(`/s/${encodeURIComponent(s.id)}`);
+    } catch (err) {
+      btn.disabled = false;
+      if (err.status === 401) return this.app.login();
+      toast(`Could not fork: ${err.message}`, 'error');
     }
   }
 
@@ -832,13 +870,21 @@ export class SessionPage {
     h('div', { class: 'field' }, h('label', { htmlFor: 'share-user', text: 'User' }), user),
     h('div', { class: 'field' }, h('label', { htmlFor: 'share-role', text: 'Role' }), role),
     h('button', { type: 'submit', class: 'primary', text: 'Add' }));
+    // Deleting asks twice: the first click shows what it does.
+    const sure = h('div', { class: 'delete-confirm', hidden: true },
+      h('p', { text: 'The session, its history and its workspace are deleted for everyone. This cannot be undone.' }),
+      h('button', { type: 'button', class: 'danger', id: 'delete-confirm', text: 'Delete for everyone', on: { click: () => this.deleteSession() } }),
+      ' ', h('button', { type: 'button', text: 'Keep it', on: { click: () => { sure.hidden = true; } } }));
     const dlg = h('dialog', { class: 'share', id: 'share', attrs: { 'aria-labelledby': 'share-h' } },
       h('div', { class: 'dlg-head' },
-        h('h2', { id: 'share-h', text: 'Share this session' }),
+        h('h2', { id: 'share-h', text: 'Share and manage' }),
         h('button', { type: 'button', class: 'close', attrs: { 'aria-label': 'Close' }, text: '×', on: { click: () => dlg.close() } })),
       h('p', { class: 'hint', text: 'Viewers watch. Drivers also prompt, cancel and answer approvals. Owners also manage members.' }),
       add, this.shareError,
-      h('h3', { text: 'Members' }), this.memberNote, this.memberList);
+      h('h3', { text: 'Members' }), this.memberNote, this.memberList,
+      h('h3', { text: 'Delete' }),
+      h('button', { type: 'button', class: 'danger small', id: 'delete-session', text: 'Delete this session…', on: { click: () => { sure.hidden = false; } } }),
+      sure);
     return dlg;
   }
 
@@ -919,6 +965,19 @@ export class SessionPage {
       li.append(sel, h('button', { type: 'button', class: 'link danger', text: 'Remove', attrs: { 'aria-label': `Remove ${u}` }, on: { click: () => this.putMember(u, 'none') } }));
       return li;
     }));
+  }
+
+  async deleteSession() {
+    try {
+      await api.deleteSession(this.id);
+    } catch (err) {
+      if (err.status === 401) return this.app.login();
+      this.shareError.textContent = `Could not delete the session: ${err.message}`;
+      return;
+    }
+    this.dialog.close();
+    toast('Session deleted');
+    this.app.navigate('/');
   }
 
   async putMember(user, role) {

@@ -306,7 +306,8 @@ func TestBrowser_AgentTimeline(t *testing.T) {
 
 // TestBrowser_SharedSessionAppears: a session shared with bob shows up on
 // bob's open sessions page without a reload (the page polls the list while
-// it is visible; there is no list push).
+// it is visible; there is no list push), and leaves it when its owner
+// deletes it from the session's page.
 func TestBrowser_SharedSessionAppears(t *testing.T) {
 	t.Parallel()
 	st := startStack(t)
@@ -318,6 +319,16 @@ func TestBrowser_SharedSessionAppears(t *testing.T) {
 	if !eval[bool](bob, `document.querySelector('#sessions li[data-id="`+string(s.ID)+`"]').classList.contains('fresh')`) {
 		t.Fatal("the new session is not marked as new")
 	}
+
+	// Alice deletes it from its page (asked twice); it leaves bob's list.
+	alice := st.open("alice")
+	alice.openSession(s.ID)
+	alice.click("#share-open")
+	alice.click("#delete-session")
+	alice.click("#delete-confirm")
+	alice.waitJS("the sessions page", `location.pathname === '/' && document.querySelector('#sessions-h')`)
+	bob.waitJS("the deleted session gone", `!document.querySelector('#sessions li[data-id="`+string(s.ID)+`"]')`)
+	st.api("alice", http.StatusNotFound, "GET", "/v1/sessions/"+string(s.ID), nil, nil)
 }
 
 func mustJSON(t testing.TB, v any) []byte {
