@@ -179,11 +179,18 @@ func TestServer_ClaudeAgent(t *testing.T) {
 	if d := waitTurnWithin(ann, s.ID, 2, agentTurnWait); d.Status != session.TurnOK {
 		t.Fatalf("turn 2 finished %+v\n%s", d, dump(ann.events(s.ID, 0)))
 	}
-	var carried bool
+	var carried, loaded bool
 	for _, r := range up.Requests()[n:] {
 		if r.Scripted && bytes.Contains(r.Body, []byte("Please write hello.txt.")) {
 			carried = true
+			// A loaded conversation holds turn 1's messages as they
+			// were, the tool call included; a re-hydrated one tells
+			// of it in text.
+			loaded = bytes.Contains(r.Body, []byte(`"type":"tool_use"`))
 		}
+	}
+	if carried && !loaded {
+		t.Errorf("after the restart the conversation was re-hydrated, not loaded: claude's session/load should work from its agent home")
 	}
 	if !carried {
 		t.Errorf("after the restart the model's request does not carry the first prompt: the conversation was not continued")
