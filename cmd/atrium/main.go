@@ -89,7 +89,7 @@ Start a single-machine server with 'atrium dev', then use the client commands.`,
 		SilenceErrors: true,
 	}
 	root.AddGroup(&cobra.Group{ID: "server", Title: "Server commands:"}, &cobra.Group{ID: "client", Title: "Client commands:"})
-	for _, c := range []*cobra.Command{newDevCmd(env), newServeCmd(env), newConfigCmd(env), newDoctorCmd(env), newClusterCmd(env), newBenchCmd(env), newAgentsCmd(env)} {
+	for _, c := range []*cobra.Command{newDevCmd(env), newServeCmd(env), newConfigCmd(env), newDoctorCmd(env), newClusterCmd(env), newBenchCmd(env), newAgentsCmd(env), newVMHostCmd(env)} {
 		c.GroupID = "server"
 		root.AddCommand(c)
 	}

@@ -1,0 +1,250 @@
+package vmhost
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// agentPort is where the agent listens inside the guest.
+const agentPort = 7070
+
+// vm is one QEMU microVM running a sandbox agent.
+type vm struct {
+	id      string
+	session string
+	dir     string
+	addr    string // host:port the node reaches the agent at
+	token   string
+	memMiB  int
+	started time.Time
+	bootDur time.Duration
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed when QEMU exited
+	err  error         // QEMU's exit, set before done is closed
+
+	mu       sync.Mutex
+	sleeping bool // guarded by mu
+}
+
+// Accelerator returns the QEMU accelerator this host offers: "kvm" when
+// /dev/kvm opens and the CPU has VT-x or AMD-V, "tcg" (software emulation)
+// otherwise.
+func Accelerator() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	hasVirt := false
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "flags") {
+			for _, f := range strings.Fields(l) {
+				if f == "vmx" || f == "svm" {
+					hasVirt = true
+				}
+			}
+			break
+		}
+	}
+	if !hasVirt {
+		return "tcg"
+	}
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return "tcg"
+	}
+	f.Close()
+	return "kvm"
+}
+
+// tscKHz is the host's TSC frequency as the microvm guest needs it
+// (tsc_early_khz): without a PIT calibration the guest's clock is wrong.
+func tscKHz() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return int(mhz * 1000)
+			}
+		}
+	}
+	return 2000000
+}
+
+// writeConfigDisk writes the VM's private configuration disk: a magic
+// line, the agent's token, the host's time and fresh randomness. It reaches
+// the guest as a read-only virtio disk, never on a command line.
+func writeConfigDisk(path, token string) error {
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	s := fmt.Sprintf("ATRIUMCFG1\n%s\n%d\n%s\n", token, time.Now().Unix(), hex.EncodeToString(seed))
+	b := make([]byte, 4096)
+	copy(b, s)
+	return os.WriteFile(path, b, 0o600)
+}
+
+// makeDisk makes the VM's workspace disk: a sparse ext4 file.
+func makeDisk(ctx context.Context, path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if out, err := command(ctx, "", "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", path); err != nil {
+		return fmt.Errorf("mkfs.ext4: %w: %s", err, out)
+	}
+	return nil
+}
+
+// qemuArgs are the arguments of the QEMU process of v.
+func (s *Server) qemuArgs(v *vm, hostPort string) []string {
+	img := s.cfg.Dir
+	return []string{
+		"-M", "microvm,pit=on,pic=off,rtc=on,isa-serial=on",
+		"-accel", s.accel,
+		"-cpu", "max",
+		"-m", strconv.Itoa(v.memMiB),
+		"-smp", "1",
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-chardev", "file,id=con,path=" + filepath.Join(v.dir, "console.log"),
+		"-serial", "chardev:con",
+		"-kernel", filepath.Join(img, kernelFile),
+		"-initrd", filepath.Join(img, initramfsFile),
+		"-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz=%d rdinit=/init", tscKHz()),
+		"-drive", "id=cfg,file=" + filepath.Join(v.dir, "config.img") + ",format=raw,if=none,readonly=on",
+		"-device", "virtio-blk-device,drive=cfg",
+		"-drive", "id=ws,file=" + filepath.Join(v.dir, "disk.img") + ",format=raw,if=none,cache=unsafe",
+		"-device", "virtio-blk-device,drive=ws",
+		"-netdev", "user,id=n0,hostfwd=tcp:" + hostPort + "-:" + strconv.Itoa(agentPort),
+		"-device", "virtio-net-device,netdev=n0",
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-device,rng=rng0",
+		"-qmp", "unix:" + filepath.Join(v.dir, "qmp.sock") + ",server=on,wait=off",
+	}
+}
+
+// freePort picks a free TCP port on host.
+func freePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHealthy polls the agent's health check with short timeouts (QEMU's
+// user networking accepts connections before the guest listens) until it
+// answers, QEMU exits or ctx ends.
+func waitHealthy(ctx context.Context, v *vm) error {
+	client := &http.Client{Timeout: 700 * time.Millisecond, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+v.addr+"/healthz", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-v.done:
+			return fmt.Errorf("QEMU exited during boot: %v", v.err)
+		case <-ctx.Done():
+			return fmt.Errorf("the guest's agent did not become healthy: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// consoleTail returns the end of v's console, for errors.
+func consoleTail(v *vm) string {
+	b, _ := os.ReadFile(filepath.Join(v.dir, "console.log"))
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stop kills QEMU and waits for it.
+func (v *vm) stop() {
+	if v.cmd != nil && v.cmd.Process != nil {
+		syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL)
+		<-v.done
+	}
+}
+
+// qmp runs one QMP command on v.
+func (v *vm) qmp(ctx context.Context, command string, args any) (json.RawMessage, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", filepath.Join(v.dir, "qmp.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("qmp: %w", err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	} else {
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	r := bufio.NewReader(conn)
+	read := func() (map[string]json.RawMessage, error) {
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return nil, fmt.Errorf("qmp: %w", err)
+			}
+			var m map[string]json.RawMessage
+			if err := json.Unmarshal(line, &m); err != nil {
+				return nil, fmt.Errorf("qmp: %w", err)
+			}
+			if _, ev := m["event"]; ev {
+				continue
+			}
+			return m, nil
+		}
+	}
+	if _, err := read(); err != nil { // greeting
+		return nil, err
+	}
+	for i, c := range []map[string]any{{"execute": "qmp_capabilities"}, {"execute": command, "arguments": args}} {
+		if args == nil && i == 1 {
+			delete(c, "arguments")
+		}
+		b, _ := json.Marshal(c)
+		if _, err := conn.Write(append(b, '\n')); err != nil {
+			return nil, fmt.Errorf("qmp: %w", err)
+		}
+		m, err := read()
+		if err != nil {
+			return nil, err
+		}
+		if e, ok := m["error"]; ok {
+			return nil, fmt.Errorf("qmp %s: %s", command, e)
+		}
+		if i == 1 {
+			return m["return"], nil
+		}
+	}
+	return nil, errors.New("unreachable")
+}
