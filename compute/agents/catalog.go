@@ -47,8 +47,8 @@ type Config struct {
 }
 
 // Catalog knows the agents, installs them and prepares their launches. Its
-// methods are safe for concurrent use; installs of one agent version are
-// not meant to run concurrently (the later rename fails, leaving the first).
+// methods are safe for concurrent use, and so are installs of the same
+// version by several processes: the first to finish is kept.
 type Catalog struct {
 	cfg   Config
 	log   *slog.Logger

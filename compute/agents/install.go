@@ -97,16 +97,29 @@ func (c *Catalog) Install(ctx context.Context, name, version string, progress io
 			name, pkg, c.bin(s))
 	}
 	if _, err := os.Lstat(dst); err == nil {
-		// An incomplete directory of an earlier install (not made by
-		// this code, which renames only complete ones): replace it.
+		if c.complete(s, dst) {
+			// Another install of the same version finished first:
+			// keep it (the deferred cleanup removes this one).
+			fmt.Fprintf(progress, "%s %s was installed meanwhile in %s\n", name, version, dst)
+			if err := setCurrent(agentDir, version); err != nil {
+				return Installed{}, err
+			}
+			return Installed{Spec: s, Name: name, Version: version, Dir: dst, Current: true, Pinned: version == s.Version}, nil
+		}
+		// An incomplete directory not made by this code (which renames
+		// only complete ones): replace it.
 		if err := os.RemoveAll(dst); err != nil {
 			return Installed{}, fmt.Errorf("install %s: %w", name, err)
 		}
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", name, err)
+		if !c.complete(s, dst) {
+			return Installed{}, fmt.Errorf("install %s: %w", name, err)
+		}
+		// Another install of the same version got there just before.
+	} else {
+		done = true
 	}
-	done = true
 	if err := setCurrent(agentDir, version); err != nil {
 		return Installed{}, err
 	}
