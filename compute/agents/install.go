@@ -134,8 +134,7 @@ func setCurrent(agentDir, version string) error {
 	if target, err := os.Readlink(link); err == nil && target == version {
 		return nil
 	}
-	tmp := link + ".tmp"
-	_ = os.Remove(tmp)
+	tmp := fmt.Sprintf("%s.tmp-%d-%d", link, os.Getpid(), time.Now().UnixNano())
 	if err := os.Symlink(version, tmp); err != nil {
 		return fmt.Errorf("select agent version: %w", err)
 	}
