@@ -74,18 +74,23 @@ func randomHex() string {
 var errSeqTaken = errors.New("the events stream already holds another event with this seq")
 
 // capture publishes msgs to the events stream and waits until every one is
-// stored, retrying the ones that failed with backoff until ctx ends. It
+// stored, retrying the ones that failed with backoff until ctx ends. guard
+// runs before every attempt: an error from it (the lease may be lost) ends
+// the capture before anything more is published. It
 // returns the highest stream sequence stored. A retry may store a message
 // after one that followed it; replay orders events by seq. A message the
 // stream reports as a duplicate on its first attempt fails the capture with
 // errSeqTaken (on a retry, the duplicate is the earlier attempt's).
-func (h *Host) capture(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
+func (h *Host) capture(ctx context.Context, msgs []*nats.Msg, guard func() error) (uint64, error) {
 	var top uint64
 	pending := msgs
 	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	wait := captureRetryMin
 	for first := true; ; first = false {
 		futures = futures[:0]
+		if err := guard(); err != nil {
+			return top, fmt.Errorf("capture events: %w", err)
+		}
 		var failed []*nats.Msg
 		var lastErr error
 		for i, m := range pending {
@@ -129,6 +134,8 @@ func (h *Host) capture(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
 }
 
 // captureEvents publishes evs (and m, if not nil) and waits for the stream.
+// Nothing is published unless this node may write the session now
+// (mayWrite): its record held and its node lease renewed recently.
 func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, evs []session.Stored, m *session.Meta) (uint64, error) {
 	msgs := make([]*nats.Msg, 0, len(evs)+1)
 	for _, ev := range evs {
@@ -137,7 +144,7 @@ func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, e
 	if m != nil {
 		msgs = append(msgs, h.metaMsg(m))
 	}
-	return h.capture(ctx, msgs)
+	return h.capture(ctx, msgs, func() error { return h.mayWrite(id) })
 }
 
 // streamLast is the newest message of a subject in the events stream; nil

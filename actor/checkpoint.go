@@ -93,23 +93,33 @@ func (h *Host) readCheckpoint(ctx context.Context, id session.ID) (*checkpointMa
 // checkpoint writes a copy of hist as id's newest checkpoint with fence.
 // streamSeq is the committer's acked sequence read before the copy is made.
 // It writes nothing when the newest checkpoint is already this fence's at
-// the same seq. A newer fence in the manifest fails with errFenced. It
-// returns the last seq the checkpoint holds.
-func (h *Host) checkpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64) (session.Seq, error) {
-	last, err := h.writeCheckpoint(ctx, id, epoch, hist, fence, streamSeq)
+// the same seq. A newer fence in the manifest fails with errFenced. Before
+// the copy and again before the manifest, l must still be valid (its check
+// sees the node lease's age): a node paused past its lease writes nothing.
+// l is nil only in tests of the object store's own fence. It returns the
+// last seq the checkpoint holds.
+func (h *Host) checkpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64, l *lease) (session.Seq, error) {
+	guard := func() error { return nil }
+	if l != nil {
+		guard = l.check
+	}
+	last, err := h.writeCheckpoint(ctx, id, epoch, hist, fence, streamSeq, guard)
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint session %s: %w", id, err)
 	}
 	return last, nil
 }
 
-func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64) (session.Seq, error) {
+func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string, hist History, fence int64, streamSeq uint64, guard func() error) (session.Seq, error) {
 	if h.cfg.Checkpoints == nil {
 		return 0, nil
 	}
 	b, ok := hist.(backuper)
 	if !ok {
 		return 0, nil
+	}
+	if err := guard(); err != nil {
+		return 0, err
 	}
 	cur, etag, err := h.readCheckpoint(ctx, id)
 	if err != nil {
@@ -140,6 +150,10 @@ func (h *Host) writeCheckpoint(ctx context.Context, id session.ID, epoch string,
 		return 0, fmt.Errorf("upload copy: %w", err)
 	}
 	data, _ := json.Marshal(m)
+	if err := guard(); err != nil {
+		h.cfg.Checkpoints.Delete(context.WithoutCancel(ctx), m.Object)
+		return 0, err
+	}
 	put := func(etag string) error {
 		opts := blob.PutOptions{ContentType: "application/json", IfMatch: etag, IfNoneMatch: etag == ""}
 		_, err := h.cfg.Checkpoints.Put(ctx, manifestKey(id), bytes.NewReader(data), int64(len(data)), opts)
@@ -307,7 +321,7 @@ func (s *sessionActor) startCheckpoint() {
 		var seq session.Seq
 		var err error
 		if l.valid() {
-			seq, err = s.h.checkpoint(ctx, s.id, epoch, hist, fence, acked)
+			seq, err = s.h.checkpoint(ctx, s.id, epoch, hist, fence, acked, l)
 		}
 		s.send(&checkpointDone{seq: seq, err: err})
 	})

@@ -154,10 +154,12 @@ func (s *sessionActor) startCommitter(hist History) *committer {
 						if res.metaErr == nil {
 							m = meta
 						}
-						if owner != nil && !owner.valid() {
+						if err := owner.check(); owner != nil && err != nil {
 							// Never publish once the lease may be lost:
 							// the next owner may already be replaying.
-							res.err = errLeaseLost
+							// captureEvents checks again before every
+							// attempt.
+							res.err = err
 						} else {
 							top, res.err = s.h.captureEvents(c.ctx, s.id, epoch, evs, m)
 						}

@@ -69,8 +69,10 @@ const (
 	DefaultSaveInterval = 5 * time.Minute
 )
 
-// startTimeout bounds Start when its context has no deadline.
-const startTimeout = 30 * time.Second
+// startTimeout bounds Start when its context has no deadline. Its steps
+// are retried within it (RetryStartup): long enough for a NATS cluster that
+// starts with the node to form.
+const startTimeout = 2 * time.Minute
 
 // ShellTemplate is the argv of the built-in "shell" harness template: it
 // consumes the contract's first stdin line and runs the prompt (passed in
@@ -400,23 +402,28 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start host: jetstream: %w", err)
 	}
 	h.js = js
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      h.cfg.Subjects.CatalogBucket(),
-		Description: "Atrium session catalog",
-		Replicas:    h.cfg.Replicas,
+	// Each JetStream step is retried until it succeeds (startup.go).
+	kv, err := RetryStartup(ctx, h.log, "open the catalog bucket", func(ctx context.Context) (jetstream.KeyValue, error) {
+		return openCatalog(ctx, js, &h.cfg)
 	})
 	if err != nil {
-		return fmt.Errorf("start host: open catalog bucket %s: %w", h.cfg.Subjects.CatalogBucket(), err)
-	}
-	h.kv = kv
-	if h.owners, err = openOwners(ctx, js, &h.cfg); err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
-	if h.events, err = openEvents(ctx, js, &h.cfg); err != nil {
+	h.kv = kv
+	if h.owners, err = RetryStartup(ctx, h.log, "open the owners bucket", func(ctx context.Context) (jetstream.KeyValue, error) {
+		return openOwners(ctx, js, &h.cfg)
+	}); err != nil {
+		return fmt.Errorf("start host: %w", err)
+	}
+	if h.events, err = RetryStartup(ctx, h.log, "open the events stream", func(ctx context.Context) (jetstream.Stream, error) {
+		return openEvents(ctx, js, &h.cfg)
+	}); err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
 	h.node = &nodeLease{h: h, key: session.NodeLeaseKey(h.cfg.NodeID)}
-	if err := h.node.acquire(ctx); err != nil {
+	if _, err := RetryStartup(ctx, h.log, "take the node lease", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, h.node.acquire(ctx)
+	}); err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
 	h.stopNode = make(chan struct{})

@@ -77,6 +77,23 @@ const ownersMarkerTTL = time.Minute
 // leaseRetry is the pause between failed renewals.
 func leaseRetry(ttl time.Duration) time.Duration { return ttl / 12 }
 
+// leaseSafeAge is how long after the start of its last successful renewal
+// the node may still write as the owner of its sessions: publish events,
+// write checkpoints and workspaces, start sandbox commands. The lease
+// expires on the NATS servers no earlier than a TTL after that start, and a
+// new owner writes only after that, so the rest of the TTL (a third) is the
+// margin for a write that passed the check to land. The age is measured on
+// the monotonic clock, which keeps running while the process is paused
+// (SIGSTOP, a long GC pause, a frozen VM): the first write after a pause
+// longer than this is refused even when the renewal goroutine has yet to
+// notice that the lease is gone. It equals the renewal goroutine's own
+// give-up point, so the two never disagree for long.
+func leaseSafeAge(ttl time.Duration) time.Duration { return ttl * 2 / 3 }
+
+// errLeaseStale means the node's lease was not renewed recently enough for
+// this node to write as an owner (see leaseSafeAge).
+var errLeaseStale = errors.New("the node lease was not renewed within its safe window")
+
 // LeaseInfo describes one session this node owns (Host.Leases).
 type LeaseInfo struct {
 	Session  session.ID `json:"session"`
@@ -110,6 +127,27 @@ type nodeLease struct {
 	val     []byte
 	rev     uint64
 	renewed time.Time
+}
+
+// holds returns nil if the node's lease names incarnation inc ("": any)
+// and its last successful renewal started less than leaseSafeAge ago on
+// the monotonic clock; errLeaseLost or errLeaseStale otherwise. Every write
+// an owner makes checks it first.
+func (n *nodeLease) holds(inc string) error {
+	if n == nil {
+		return errLeaseLost
+	}
+	n.mu.Lock()
+	cur, renewed := n.inc, n.renewed
+	n.mu.Unlock()
+	if cur == "" || (inc != "" && cur != inc) {
+		return errLeaseLost
+	}
+	// renewed holds a monotonic reading (time.Now), which time.Since uses.
+	if age, safe := time.Since(renewed), leaseSafeAge(n.h.cfg.LeaseTTL); age >= safe {
+		return fmt.Errorf("%w: last renewed %v ago, safe for %v", errLeaseStale, age.Round(time.Millisecond), safe)
+	}
+	return nil
 }
 
 // current returns the incarnation the node's lease names and when it was
@@ -256,6 +294,7 @@ type lease struct {
 	key      string
 	fence    int64     // the revision of the write that took it
 	acquired time.Time // when that write was sent
+	inc      string    // the node lease's incarnation it was taken under
 	// continued: this node released the session last and nobody has held
 	// it since (see Host.released), so the local history is current.
 	continued bool
@@ -299,7 +338,7 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL*2/3)
 	defer cancel()
 	now := time.Now()
-	l := &lease{h: h, id: id, key: session.LeaseKey(id), acquired: now, lost: lost}
+	l := &lease{h: h, id: id, key: session.LeaseKey(id), acquired: now, inc: inc, lost: lost}
 	l.checkpointed.Store(-1)
 	val, _ := json.Marshal(session.Lease{Node: h.cfg.NodeID, Inc: inc, Acquired: session.Time{Time: now.UTC()}})
 	var rev uint64
@@ -550,15 +589,54 @@ func (h *Host) dropReleased(id session.ID) {
 	h.leaseMu.Unlock()
 }
 
-// valid reports whether the session is still held: not lost (the node
-// lease holds), not released.
-func (l *lease) valid() bool {
+// valid reports whether the session is still held and may be written:
+// not lost, not released, and the node lease that holds it renewed within
+// its safe window (see check).
+func (l *lease) valid() bool { return l.check() == nil }
+
+// check returns nil if this node may write the session now: the record is
+// neither lost nor released, the node lease still names the incarnation it
+// was taken under, and that lease's last renewal is recent enough on the
+// monotonic clock (leaseSafeAge). A flag alone is not enough: after a
+// pause (SIGSTOP, a GC pause, a frozen VM) the renewal goroutine notices the
+// expiry only when its timer fires, and a write that runs first would land
+// after another node took the session over.
+func (l *lease) check() error {
 	if l == nil {
-		return false
+		return errLeaseLost
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.released && !l.isLost
+	gone := l.released || l.isLost
+	l.mu.Unlock()
+	if gone {
+		return errLeaseLost
+	}
+	return l.h.node.holds(l.inc)
+}
+
+// mayWrite returns nil if this node may write session id as its owner now
+// (see lease.check); it is checked before every capture of its events.
+func (h *Host) mayWrite(id session.ID) error {
+	h.leaseMu.Lock()
+	l := h.leases[id]
+	h.leaseMu.Unlock()
+	if l == nil {
+		return fmt.Errorf("session %s: %w", id, errLeaseLost)
+	}
+	if err := l.check(); err != nil {
+		return fmt.Errorf("session %s: %w", id, err)
+	}
+	return nil
+}
+
+// nodeMayWrite returns nil if the node's lease was renewed within its safe
+// window: checked before sandbox and workspace writes, which a session's
+// sandbox may need after its record was released (sleep saves).
+func (h *Host) nodeMayWrite() error {
+	if h.node == nil {
+		return nil // Not started: nothing is owned, nothing to fence.
+	}
+	return h.node.holds("")
 }
 
 func (h *Host) forgetLease(l *lease) {
@@ -594,6 +672,21 @@ func (h *Host) Leases() []LeaseInfo {
 	h.leaseMu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Session < out[j].Session })
 	return out
+}
+
+// openCatalog creates or updates the session catalog bucket with the
+// configured replica count.
+func openCatalog(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Subjects.CatalogBucket(),
+		Description: "Atrium session catalog",
+		Replicas:    cfg.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open catalog bucket %s: %w", cfg.Subjects.CatalogBucket(), err)
+	}
+	return kv, nil
 }
 
 // openOwners opens the owners bucket: no bucket TTL (records are held by

@@ -3,9 +3,12 @@ package actor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/atriumhq/atrium/session"
@@ -21,9 +24,11 @@ import (
 //   - watchNodes, while a node runs: when another node's lease ends (it
 //     expired — the node died or was cut off — or was deleted at shutdown),
 //     the first node to claim the end (a create in the owners bucket)
-//     places every session the catalog says was active there. The place
-//     queue group spreads them over the nodes; each takes the session over
-//     as a command would.
+//     activates every session the catalog says was active there, taking
+//     each over as a command would. It activates them itself rather than
+//     through the place queue group: a node whose lease ended may still be
+//     subscribed to it (a frozen process keeps its connection), and half
+//     the requests would wait on a node that cannot answer.
 
 // resume activates the sessions that were active on this node when it last
 // stopped, and those of nodes that are gone.
@@ -58,41 +63,144 @@ func (h *Host) resume(ctx context.Context) {
 }
 
 // watchNodes rescues the active sessions of every node whose lease ends
-// while this node runs.
+// while this node runs. Two paths see an end: a watcher of the node leases
+// (at once, as a delete or an expiry marker), and a poll, every half TTL,
+// of the newest message of every node lease this node has heard of, read
+// from the stream's leader. The poll ends itself a lease that has not been
+// renewed for staleAfter (see endStale), and rescues a lease found ended
+// that nobody rescued; it needs no watcher, which is what makes it work
+// after this process was paused (its watcher's consumer may be gone then)
+// or when the servers fail to expire a lease. The watcher is made again
+// when it delivers nothing for two TTLs: this node's own renewals pass
+// through it every third of a TTL.
 func (h *Host) watchNodes(ctx context.Context) {
-	w, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"), jetstream.UpdatesOnly())
-	if err != nil {
-		if ctx.Err() == nil {
-			h.log.Warn("watch node leases", "err", err)
-		}
-		return
+	ttl := h.cfg.LeaseTTL
+	tick := time.NewTicker(ttl / 2)
+	defer tick.Stop()
+	// known is, per other node heard of, the revision of its lease last
+	// polled and when (monotonic) that revision was first polled.
+	type polled struct {
+		rev uint64
+		at  time.Time
 	}
-	defer w.Stop()
-	for {
-		var ent jetstream.KeyValueEntry
-		select {
-		case ent = <-w.Updates():
-		case <-ctx.Done():
-			return
-		}
-		if ent == nil || (ent.Operation() != jetstream.KeyValueDelete && ent.Operation() != jetstream.KeyValuePurge) {
+	known := map[string]*polled{}
+	for ctx.Err() == nil {
+		w, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"), jetstream.UpdatesOnly())
+		if err != nil {
+			if ctx.Err() == nil {
+				h.log.Warn("watch node leases; retrying", "err", err)
+				select {
+				case <-time.After(ttl / 4):
+				case <-ctx.Done():
+				}
+			}
 			continue
 		}
-		node := strings.TrimPrefix(ent.Key(), session.NodeLeaseKey(""))
-		if node == h.cfg.NodeID {
-			continue
+		last := time.Now() // of the last update this watcher delivered
+	watch:
+		for {
+			var ent jetstream.KeyValueEntry
+			select {
+			case e, ok := <-w.Updates():
+				if !ok {
+					break watch
+				}
+				ent = e
+				last = time.Now()
+			case <-tick.C:
+				for node, p := range known {
+					h.pollNode(ctx, node, &p.rev, &p.at)
+				}
+				if time.Since(last) >= 2*ttl {
+					h.log.Warn("the node lease watcher delivered nothing for two lease TTLs; watching again", "silent_for", time.Since(last).Round(time.Millisecond))
+					break watch
+				}
+				continue
+			case <-ctx.Done():
+				break watch
+			}
+			if ent == nil {
+				continue
+			}
+			node := strings.TrimPrefix(ent.Key(), session.NodeLeaseKey(""))
+			if node == h.cfg.NodeID {
+				continue
+			}
+			if known[node] == nil {
+				known[node] = &polled{}
+			}
+			if ent.Operation() == jetstream.KeyValueDelete || ent.Operation() == jetstream.KeyValuePurge {
+				h.claimRescue(ctx, node, ent.Revision())
+			}
 		}
-		// One node rescues each end of a lease: the one whose create of
-		// the claim succeeds.
-		claim := "rescue." + node + "." + strconv.FormatUint(ent.Revision(), 10)
-		if _, err := h.owners.Create(ctx, claim, []byte(h.cfg.NodeID), jetstream.KeyTTL(ownersMarkerTTL)); err != nil {
-			continue
-		}
-		h.rescue(ctx, node)
+		w.Stop()
 	}
 }
 
-// rescue places every session the catalog says was active on node.
+// pollNode reads node's lease from the stream's leader: an end (delete or
+// expiry marker) is rescued if nobody did (claimRescue); a lease whose
+// revision has not changed for staleAfter since this node first read it is
+// ended (endStale). rev and at are the poll's memory of the node.
+func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.Time) {
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/2)
+	msg, err := h.ownersLatest(rctx, session.NodeLeaseKey(node))
+	cancel()
+	switch {
+	case err != nil || msg == nil:
+		return
+	case isKVDelete(msg.Header):
+		h.claimRescue(ctx, node, msg.Sequence)
+		return
+	case msg.Sequence != *rev:
+		*rev, *at = msg.Sequence, time.Now()
+	case time.Since(*at) >= staleAfter(h.cfg.LeaseTTL):
+		h.endStale(ctx, node, *rev, time.Since(*at))
+		*at = time.Now() // once per staleAfter at most
+	}
+}
+
+// claimRescue rescues node's sessions if this node is the first to claim
+// the end of its lease at revision rev (a create in the owners bucket).
+func (h *Host) claimRescue(ctx context.Context, node string, rev uint64) {
+	claim := "rescue." + node + "." + strconv.FormatUint(rev, 10)
+	if _, err := h.owners.Create(ctx, claim, []byte(h.cfg.NodeID), jetstream.KeyTTL(ownersMarkerTTL)); err != nil {
+		return
+	}
+	h.rescue(ctx, node)
+}
+
+// staleAfter is how long after seeing a node lease's last renewal a node
+// ends that lease itself: the TTL and a half. The holder stops writing
+// leaseSafeAge (two thirds of the TTL) after the start of that renewal,
+// which came before it was seen, so it has stopped well before.
+func staleAfter(ttl time.Duration) time.Duration { return ttl + ttl/2 }
+
+// endStale deletes node's lease, if its newest revision is still rev (a
+// compare-and-set: a renewal since then keeps it), when the NATS servers
+// failed to expire it by its TTL. Seen with nats-server 2.15.2 in a 3-server
+// cluster (issue 21): after one node lease expired and was taken again, the
+// per-message TTL of another node's lease no longer fired, so that node,
+// frozen, was never taken over. Everyone watching sees the delete as the
+// lease's end, as they would the expiry's marker.
+func (h *Host) endStale(ctx context.Context, node string, rev uint64, unseen time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL)
+	defer cancel()
+	m := nats.NewMsg("$KV." + h.cfg.Subjects.OwnersBucket() + "." + session.NodeLeaseKey(node))
+	m.Header.Set("KV-Operation", "DEL")
+	_, err := h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	switch {
+	case err == nil:
+		h.log.Warn("ended the lease of a node that stopped renewing it (its TTL did not expire it)",
+			"gone", node, "unrenewed_for", unseen.Round(time.Millisecond))
+	case isWrongLastSeq(err):
+		// Renewed meanwhile, or ended: the next poll sees which.
+	default:
+		h.log.Warn("end the lease of a node that stopped renewing it", "gone", node, "err", err)
+	}
+}
+
+// rescue activates on this node every session the catalog says was active
+// on node, whose lease ended.
 func (h *Host) rescue(ctx context.Context, node string) {
 	entries, err := h.activeEntries(ctx)
 	if err != nil {
@@ -102,12 +210,54 @@ func (h *Host) rescue(ctx context.Context, node string) {
 	n := 0
 	for _, c := range entries {
 		if c.Node == node {
-			h.replace(c.ID, c.Owner)
+			h.wg.Go(func() { h.rescueOne(ctx, c) })
 			n++
 		}
 	}
 	if n > 0 {
-		h.log.Info("placing the active sessions of a node whose lease ended", "gone", node, "sessions", n)
+		h.log.Info("taking over the active sessions of a node whose lease ended", "gone", node, "sessions", n)
+	}
+}
+
+// rescueOne activates session c on this node, through its own place
+// subject so that the answer is seen: a failure is logged, and an
+// unavailable answer (the record is still held a moment, the activation
+// raced with a command) is retried with backoff for up to a minute. Without
+// this a failed rescue went unnoticed, and a session whose old node is
+// frozen (still subscribed to its command subject) stayed unserved until
+// that node ran again.
+func (h *Host) rescueOne(ctx context.Context, c session.CatalogEntry) {
+	b, _ := json.Marshal(session.PlaceRequest{Op: session.PlaceActivate, Session: c.ID})
+	wait := 50 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		msg := &nats.Msg{Subject: h.cfg.Subjects.PlaceOn(h.cfg.NodeID), Data: b, Header: nats.Header{}}
+		msg.Header.Set(session.HeaderUser, c.Owner)
+		rctx, cancel := context.WithTimeout(ctx, openTimeout)
+		resp, err := h.cfg.NATS.RequestMsgWithContext(rctx, msg)
+		cancel()
+		var rep session.Reply
+		if err == nil {
+			if err = json.Unmarshal(resp.Data, &rep); err == nil && rep.Error != nil {
+				err = rep.Error
+			}
+		}
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		var serr *session.Error
+		retry := !errors.As(err, &serr) || serr.Code == session.CodeUnavailable
+		if !retry || time.Now().After(deadline) {
+			h.log.Warn("rescue a session of a node that is gone", "session", c.ID, "err", err)
+			return
+		}
+		h.log.Info("rescue a session of a node that is gone: retrying", "session", c.ID, "err", err)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+		wait = min(2*wait, time.Second)
 	}
 }
 

@@ -234,6 +234,12 @@ func (h *Host) replaced(b *box) bool {
 // read; the box is then left without a handle, so the next turn opens and
 // restores afresh, and nothing is saved over the good copy.
 func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc) error {
+	if err := h.nodeMayWrite(); err != nil {
+		// A node paused past its lease starts nothing in the sandbox.
+		msg := "the sandbox was not started: this node may no longer own the session (" + err.Error() + ")"
+		note(session.SandboxFailed, msg, &session.ErrorData{Code: session.CodeUnavailable, Message: msg})
+		return errors.New(msg)
+	}
 	if h.expired(b) {
 		h.replaceExpired(ctx, b, note)
 	}
@@ -353,6 +359,9 @@ func (h *Host) saveBox(ctx context.Context, b *box) error {
 	}
 	if h.replaced(b) {
 		return errMachineReplaced
+	}
+	if err := h.nodeMayWrite(); err != nil {
+		return fmt.Errorf("save workspace: %w", err)
 	}
 	start := time.Now()
 	sctx, span := h.startSpan(ctx, "workspace.save", b.id)

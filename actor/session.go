@@ -932,7 +932,7 @@ func (s *sessionActor) close(ctx proto.Context) {
 		// node that lost it must not write a checkpoint a new owner could
 		// restore).
 		if l.valid() && !c.uncaptured.Load() && durable != ckptSeq {
-			if seq, err := s.h.checkpoint(ctx, s.id, epoch, hist, fence, c.acked.Load()); err != nil {
+			if seq, err := s.h.checkpoint(ctx, s.id, epoch, hist, fence, c.acked.Load(), l); err != nil {
 				// The stream still holds what the checkpoint lacks.
 				s.log.Warn("checkpoint at hibernation", "err", err)
 			} else if s.h.cfg.Checkpoints != nil {

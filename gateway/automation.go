@@ -86,8 +86,10 @@ func (s *Server) mountAutomation(mux *http.ServeMux, cfg Config) error {
 		a.dlq = cfg.Tasks.Service.DLQ
 	}
 	if a.dlq == nil {
-		a.dlq, err = dlq.Open(ctx, dlq.Config{JetStream: js, Bucket: s.prefix() + "_dlq", Replicas: ac.Replicas,
-			Logger: s.log.With("component", "dlq")})
+		a.dlq, err = retryStartup(ctx, s.log, "open the dead-letter bucket", func(ctx context.Context) (*dlq.Queue, error) {
+			return dlq.Open(ctx, dlq.Config{JetStream: js, Bucket: s.prefix() + "_dlq", Replicas: ac.Replicas,
+				Logger: s.log.With("component", "dlq")})
+		})
 		if err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}
@@ -96,7 +98,9 @@ func (s *Server) mountAutomation(mux *http.ServeMux, cfg Config) error {
 	sc.JetStream, sc.Prefix, sc.Replicas = js, s.prefix(), ac.Replicas
 	sc.Sessions, sc.DLQ, sc.Instance = scheduleSessions{s}, a.dlq, s.id
 	sc.Logger = s.log.With("component", "scheduler")
-	a.sched, err = schedule.Open(ctx, sc)
+	a.sched, err = retryStartup(ctx, s.log, "open the schedule buckets", func(ctx context.Context) (*schedule.Scheduler, error) {
+		return schedule.Open(ctx, sc)
+	})
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}

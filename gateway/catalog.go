@@ -222,7 +222,11 @@ func (s *Server) catalog(ctx context.Context) (jetstream.KeyValue, error) {
 	bucket := s.subj.CatalogBucket()
 	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Description: "Atrium session catalog"})
+		// As the nodes make it (actor.openCatalog): the nodes update a
+		// bucket whose configuration differs, but not its replica count
+		// once it holds data, so it must be right from the start.
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Description: "Atrium session catalog",
+			Replicas: s.replicas, Storage: jetstream.FileStorage})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open catalog %s: %w", bucket, err)

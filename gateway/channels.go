@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,11 +69,13 @@ func (s *Server) mountChannels(mux *http.ServeMux, cfg *Channels) (*channels, er
 	}
 	sc := cfg.Service
 	sc.NATS, sc.Subjects, sc.Sessions, sc.Gateway = s.nc, s.subj, chatSessions{s}, s.id
+	sc.Replicas = cmp.Or(sc.Replicas, s.replicas)
 	sc.Tasks = chatTasks{s}
 	sc.Logger = s.log.With("component", "channels")
 	if cfg.Hooks != nil {
 		hc := *cfg.Hooks
 		hc.NATS, hc.Prefix, hc.Logger = s.nc, s.subj.Prefix, sc.Logger
+		hc.Replicas = cmp.Or(hc.Replicas, s.replicas)
 		h, err := hooks.New(hc)
 		if err != nil {
 			return nil, err

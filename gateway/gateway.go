@@ -109,6 +109,10 @@ type Config struct {
 	// RequestTimeout bounds one request to a node; default
 	// DefaultRequestTimeout.
 	RequestTimeout time.Duration
+	// Replicas is the JetStream replica count of every bucket the gateway
+	// may create (the session catalog and owners buckets if no node made
+	// them yet, chat channels, webhooks, tasks), as the nodes' is; default 1.
+	Replicas int
 	// WriteTimeout bounds one write to a client; default DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// Heartbeat is the SSE heartbeat period; default DefaultHeartbeat.
@@ -169,6 +173,7 @@ type Server struct {
 	origins       []string
 	sendQueue     int
 	reqTimeout    time.Duration
+	replicas      int // Config.Replicas, at least 1
 	writeTimeout  time.Duration
 	heartbeat     time.Duration
 	presenceEvery time.Duration
@@ -245,6 +250,7 @@ func New(cfg Config) (*Server, error) {
 		origins:       cfg.OriginPatterns,
 		sendQueue:     cfg.SendQueue,
 		reqTimeout:    cfg.RequestTimeout,
+		replicas:      max(cfg.Replicas, 1),
 		writeTimeout:  cfg.WriteTimeout,
 		heartbeat:     cfg.Heartbeat,
 		presenceEvery: cfg.PresenceInterval,

@@ -87,7 +87,7 @@ func (s *Server) newInvokes(q Quotas) (*invokes, error) {
 	}
 	store, err := quota.New(quota.Config{
 		NATS: s.nc, Prefix: s.subj.Prefix, SlotTTL: q.SlotTTL, RetryAfter: q.RetryAfter,
-		RequestTimeout: s.reqTimeout, Now: q.Now, Logger: s.log,
+		RequestTimeout: s.reqTimeout, Now: q.Now, Logger: s.log, Replicas: s.replicas,
 	})
 	if err != nil {
 		return nil, err

@@ -157,6 +157,7 @@ func (s *Server) owners(ctx context.Context) (jetstream.KeyValue, error) {
 			Bucket:         bucket,
 			Description:    "Atrium node leases, session ownership records and fencing tokens",
 			Storage:        jetstream.FileStorage,
+			Replicas:       s.replicas,
 			LimitMarkerTTL: ownersMarkerTTL,
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) { // a node created it meanwhile

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,7 @@ func (s *Server) mountTasks(mux *http.ServeMux, cfg *Tasks) error {
 	}
 	tc := cfg.Service
 	tc.NATS, tc.Subjects, tc.Sessions = s.nc, s.subj, taskSessions{chatSessions{s}}
+	tc.Replicas = cmp.Or(tc.Replicas, s.replicas)
 	tc.Logger = s.log.With("component", "tasks")
 	svc, err := task.New(context.Background(), tc)
 	if err != nil {

@@ -133,6 +133,11 @@ func TestDeploy_NATSConfigsParse(t *testing.T) {
 		if !opts.JetStream || opts.Cluster.Name != "atrium" || len(opts.Routes) != 3 {
 			t.Errorf("%s: jetstream %v, cluster %q, %d routes: want JetStream in cluster atrium with 3 routes", p, opts.JetStream, opts.Cluster.Name, len(opts.Routes))
 		}
+		// docs/scale-out.md: a vanished node's subscriptions go within
+		// about 10 s, not the default 4 minutes.
+		if opts.PingInterval != 5*time.Second || opts.MaxPingsOut != 2 {
+			t.Errorf("%s: ping_interval %v, ping_max %d: want 5s and 2", p, opts.PingInterval, opts.MaxPingsOut)
+		}
 		if strings.HasPrefix(filepath.Base(p), "nats-") && filepath.Base(p) != "nats-cluster.conf" {
 			clientPorts[opts.Port] = true
 		}

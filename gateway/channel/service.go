@@ -102,6 +102,9 @@ type Config struct {
 	HookRetry Backoff
 	// Timeout bounds one read or write of a bucket; default DefaultTimeout.
 	Timeout time.Duration
+	// Replicas is the JetStream replica count of the service's buckets;
+	// default 1.
+	Replicas int
 	// Now returns the current time; default time.Now.
 	Now func() time.Time
 	// Logger receives the service's logs; default slog.Default().
@@ -208,16 +211,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	prefix := cmp.Or(cfg.Subjects.Prefix, session.DefaultPrefix)
 	s := &Service{
-		cfg: cfg,
-		log: cfg.Logger,
-		st: &store{js: js, timeout: cfg.Timeout, now: cfg.Now,
-			bindings: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channels",
-				Description: "Atrium chat threads and webhooks bound to sessions"}},
-			dedupe: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channel_dedupe",
-				Description: "Atrium chat platform events already handled", TTL: cfg.DedupeTTL}},
-			leases: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channel_leases",
-				Description: "Atrium gateways driving sessions' chat threads and webhooks", TTL: cfg.LeaseTTL}},
-		},
+		cfg:      cfg,
+		log:      cfg.Logger,
+		st:       storeFor(js, prefix, &cfg),
 		dir:      &directory{id: cfg.Identity, now: cfg.Now},
 		channels: make(map[string]Channel),
 		running:  make(map[session.ID]*driver),

@@ -69,6 +69,20 @@ type store struct {
 	bindings, dedupe, leases bucket
 }
 
+// storeFor returns the store of a service configured by cfg, its buckets
+// named with prefix and replicated cfg.Replicas times.
+func storeFor(js jetstream.JetStream, prefix string, cfg *Config) *store {
+	replicas := max(cfg.Replicas, 1)
+	return &store{js: js, timeout: cfg.Timeout, now: cfg.Now,
+		bindings: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channels",
+			Description: "Atrium chat threads and webhooks bound to sessions", Replicas: replicas}},
+		dedupe: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channel_dedupe",
+			Description: "Atrium chat platform events already handled", TTL: cfg.DedupeTTL, Replicas: replicas}},
+		leases: bucket{cfg: jetstream.KeyValueConfig{Bucket: prefix + "_channel_leases",
+			Description: "Atrium gateways driving sessions' chat threads and webhooks", TTL: cfg.LeaseTTL, Replicas: replicas}},
+	}
+}
+
 // bucket is a KV bucket opened (or created) on first use.
 type bucket struct {
 	cfg jetstream.KeyValueConfig

@@ -86,6 +86,8 @@ type Config struct {
 	HTTPClient *http.Client
 	// Timeout bounds one read or write of a bucket; default DefaultTimeout.
 	Timeout time.Duration
+	// Replicas is the JetStream replica count of the buckets; default 1.
+	Replicas int
 	// Now returns the current time; default time.Now.
 	Now func() time.Time
 	// Logger receives the logs; default slog.Default().
@@ -224,12 +226,13 @@ func New(cfg Config) (*Hooks, error) {
 		return nil, fmt.Errorf("hooks: open jetstream: %w", err)
 	}
 	h.js = js
+	replicas := max(cfg.Replicas, 1)
 	h.idem.cfg = jetstream.KeyValueConfig{Bucket: cfg.Prefix + "_hook_idempotency",
-		Description: "Atrium inbound webhook answers, by idempotency key", TTL: cfg.IdempotencyTTL}
+		Description: "Atrium inbound webhook answers, by idempotency key", TTL: cfg.IdempotencyTTL, Replicas: replicas}
 	h.keys.cfg = jetstream.KeyValueConfig{Bucket: cfg.Prefix + "_hook_sessions",
-		Description: "Atrium inbound webhook session keys"}
+		Description: "Atrium inbound webhook session keys", Replicas: replicas}
 	h.deliveries.cfg = jetstream.KeyValueConfig{Bucket: cfg.Prefix + "_hook_deliveries",
-		Description: "Atrium outbound webhook delivery log", TTL: cfg.LogTTL}
+		Description: "Atrium outbound webhook delivery log", TTL: cfg.LogTTL, Replicas: replicas}
 	return h, nil
 }
 

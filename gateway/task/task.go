@@ -134,6 +134,9 @@ type Config struct {
 	TurnTimeout time.Duration
 	// PollInterval: see DefaultPollInterval.
 	PollInterval time.Duration
+	// Replicas is the JetStream replica count of the tasks bucket;
+	// default 1.
+	Replicas int
 	// Logger receives the service's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -251,7 +254,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if prefix == "" {
 		prefix = session.DefaultPrefix
 	}
-	s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: prefix + "_tasks", Description: "Atrium repository tasks"})
+	s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: prefix + "_tasks", Description: "Atrium repository tasks",
+		Replicas: max(cfg.Replicas, 1)})
 	if err != nil {
 		return nil, fmt.Errorf("task: open bucket %s_tasks: %w", prefix, err)
 	}

@@ -105,6 +105,9 @@ type Options struct {
 	// the proxies that can partition them (Proxies stays empty): the
 	// benchmarks then measure Atrium and NATS, not the proxies' copying.
 	Direct bool
+	// Together starts every process at once, as Kubernetes does with
+	// podManagementPolicy: Parallel, instead of one at a time.
+	Together bool
 }
 
 func (o *Options) fill() {
@@ -190,10 +193,18 @@ func StartCluster(t testing.TB, opts Options) *Cluster {
 		p.writeConfig(c.configYAML(p, srv.ClientURL()))
 		c.Gateways = append(c.Gateways, p)
 	}
-	// One at a time, nodes first (they create the streams and buckets):
-	// two processes creating the same R3 bucket at once can both time out
-	// (nats-server 2.15: the bucket is made, neither request is answered),
-	// and a process gives up starting when that happens.
+	if opts.Together {
+		// Gateways first: the first to make the catalog.
+		for _, p := range append(append([]*Proc(nil), c.Gateways...), c.Nodes...) {
+			p.Start()
+		}
+		for _, p := range c.All() {
+			p.WaitReady()
+		}
+		return c
+	}
+	// One at a time, nodes first, unless Together: the usual start of a
+	// deployment, and the quickest (every process finds the buckets made).
 	for _, p := range c.All() {
 		p.Start()
 		p.WaitReady()

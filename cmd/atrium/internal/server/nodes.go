@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -98,12 +99,16 @@ func startHeartbeat(ctx context.Context, s *Server) (*heartbeat, error) {
 		return nil, fmt.Errorf("heartbeat: jetstream: %w", err)
 	}
 	bucket := NodesBucket(session.Subjects{})
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      bucket,
-		Description: "Atrium processes' heartbeats (atrium cluster status)",
-		TTL:         NodeTTL,
-		History:     1,
-		Replicas:    s.cfg.NATS.Replicas,
+	// Retried like the node's own start-up steps: a reply lost while the
+	// NATS cluster forms must not end the process.
+	kv, err := actor.RetryStartup(ctx, s.cfg.Logger, "open the nodes bucket", func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "Atrium processes' heartbeats (atrium cluster status)",
+			TTL:         NodeTTL,
+			History:     1,
+			Replicas:    s.cfg.NATS.Replicas,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat: open bucket %s: %w", bucket, err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -244,7 +245,7 @@ func (s *Server) stopNATS() {
 }
 
 func (s *Server) startNATS() error {
-	ns, err := newEmbeddedNATS(s.cfg.DataDir)
+	ns, err := newEmbeddedNATS(s.cfg.DataDir, s.cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -254,8 +255,8 @@ func (s *Server) startNATS() error {
 }
 
 // newEmbeddedNATS starts the embedded NATS server with JetStream in
-// dataDir/nats.
-func newEmbeddedNATS(dataDir string) (*natsserver.Server, error) {
+// dataDir/nats; its log lines go to log (natslog.go).
+func newEmbeddedNATS(dataDir string, log *slog.Logger) (*natsserver.Server, error) {
 	ns, err := natsserver.NewServer(&natsserver.Options{
 		ServerName: "atrium-dev",
 		DontListen: true,
@@ -266,6 +267,9 @@ func newEmbeddedNATS(dataDir string) (*natsserver.Server, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configure embedded nats: %w", err)
+	}
+	if log != nil {
+		ns.SetLoggerV2(natsLogger{log.With("component", "nats-server")}, false, false, false)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {

@@ -688,6 +688,7 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 		Channels:            cfg.Channels,
 		Tasks:               cfg.Tasks,
 		Automation:          cfg.automation(),
+		Replicas:            cfg.NATS.Replicas,
 		Quotas:              cfg.Quotas,
 		ClusterStatus:       s.clusterStatusAny,
 		TenantClusterStatus: s.tenantClusterStatus,
