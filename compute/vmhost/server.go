@@ -52,9 +52,11 @@ const (
 
 // Config configures a Server.
 type Config struct {
-	// Dir holds the image (built by Build) and, in Dir/vms, the state of
-	// the running VMs. Required.
+	// Dir holds the image (built by Build). Required.
 	Dir string
+	// StateDir holds the running VMs' state (disks, sockets, consoles);
+	// default Dir/vms. It is emptied at start.
+	StateDir string
 	// Token authenticates the node's calls (Authorization: Bearer).
 	// Required.
 	Token string
@@ -148,7 +150,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version != "" && m.Version != cfg.Version {
 		return nil, fmt.Errorf("vmhost: the image in %s holds atrium %s, this is atrium %s: rebuild it with %s", cfg.Dir, m.Version, cfg.Version, fix)
 	}
-	vmsDir := filepath.Join(cfg.Dir, "vms")
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(cfg.Dir, "vms")
+	}
+	vmsDir := cfg.StateDir
 	// VMs of an earlier run are gone with their QEMU processes.
 	os.RemoveAll(vmsDir)
 	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
@@ -204,7 +209,7 @@ func (s *Server) Create(ctx context.Context, req remote.HookRequest) (remote.VM,
 		return remote.VM{}, fmt.Errorf("%w: %d of %d VMs run (--max-vms); try another VM host", ErrCapacity, n, s.cfg.MaxVMs)
 	}
 	v := &vm{id: req.SandboxID, session: string(req.Session), memMiB: mem, done: make(chan struct{}),
-		dir: filepath.Join(s.cfg.Dir, "vms", req.SandboxID)}
+		dir: filepath.Join(s.cfg.StateDir, req.SandboxID)}
 	s.vms[v.id] = v // reserves the slot
 	s.mu.Unlock()
 
