@@ -106,6 +106,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			SleepAfter:   f.Sandbox.SleepAfter,
 			MaxLifetime:  f.Sandbox.MaxLifetime,
 			SaveInterval: f.Sandbox.SaveInterval,
+			MaxFileBytes: f.Sandbox.MaxFileBytes, WorkspaceQuotaBytes: f.Sandbox.WorkspaceQuotaBytes,
 		},
 		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir},
 		Tracing: server.Tracing{

@@ -300,6 +300,11 @@ type Sandbox struct {
 	// also saved at the end of every turn).
 	SaveInterval time.Duration `yaml:"save_interval"`
 	Remote       Remote        `yaml:"remote"`
+	// MaxFileBytes is the largest file (or archive) one upload to a
+	// workspace may be (0: 1 GiB); WorkspaceQuotaBytes the largest
+	// workspace uploads may make (0: none). See docs/automation.md.
+	MaxFileBytes        int64 `yaml:"max_file_bytes"`
+	WorkspaceQuotaBytes int64 `yaml:"workspace_quota_bytes"`
 }
 
 // Remote configures the provisioning hook of remote sandboxes: either

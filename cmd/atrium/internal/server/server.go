@@ -132,6 +132,10 @@ type Sandbox struct {
 	SleepAfter   time.Duration
 	MaxLifetime  time.Duration
 	SaveInterval time.Duration
+	// MaxFileBytes and WorkspaceQuotaBytes limit uploads to workspaces
+	// (actor.FilesConfig); zero means the node's default and no quota.
+	MaxFileBytes        int64
+	WorkspaceQuotaBytes int64
 }
 
 // NATS says how a server reaches NATS.
@@ -594,6 +598,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		SandboxSleepAfter:  cfg.Sandbox.SleepAfter,
 		SandboxMaxLifetime: cfg.Sandbox.MaxLifetime,
 		SaveInterval:       cfg.Sandbox.SaveInterval,
+		Files:              actor.FilesConfig{MaxFileBytes: cfg.Sandbox.MaxFileBytes, Quota: cfg.Sandbox.WorkspaceQuotaBytes},
 		NodeID:             cfg.NodeID,
 		HibernateAfter:     cfg.HibernateAfter,
 		TurnTimeout:        cfg.TurnTimeout,
