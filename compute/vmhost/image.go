@@ -22,7 +22,7 @@ import (
 
 // ImageFormat is the version of the image layout and guest init; an image
 // of another format is refused.
-const ImageFormat = 1
+const ImageFormat = 2
 
 // KernelMeta is the Debian package whose dependency names the guest kernel.
 const KernelMeta = "linux-image-cloud-amd64"
@@ -357,13 +357,14 @@ func writeInitramfs(w io.Writer, root, kver, atrium string) error {
 var busyboxApplets = strings.Fields(`sh ash awk base64 basename cat chmod chown cp cut date dd df dirname du echo env
 expr false find grep gunzip gzip head hostname id ifconfig insmod ip kill ln ls mkdir mknod mktemp mount mv nproc
 od poweroff printf ps pwd readlink realpath rm rmdir route sed seq sha256sum sleep sort stat switch_root sync tail tar
-tee test touch tr true umount uname uniq wc which xargs yes [ [[ timeout mkfs.ext2 hexdump stty setsid nohup wget`)
+tee test touch tr true nc umount uname uniq wc which xargs yes [ [[ timeout mkfs.ext2 hexdump stty setsid nohup wget`)
 
 // initScript is the guest's /init. In the initramfs it copies itself to a
 // tmpfs and switch_roots there (bubblewrap cannot pivot_root off the
-// initramfs); then it loads the virtio modules, reads the VM's
-// configuration disk (token, time, randomness: never on a command line),
-// mounts the workspace disk, brings up the network and runs the agent.
+// initramfs); then it loads the virtio modules, mounts the workspace disk,
+// brings up the network, waits for the VM's configuration (token, time,
+// randomness) and runs the agent. A snapshot template is taken while it
+// waits.
 const initScript = `#!/bin/sh
 export PATH=/usr/local/bin:/usr/bin:/bin
 if [ ! -e /.stage2 ]; then
@@ -383,34 +384,28 @@ mount -t tmpfs -o mode=0755 run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
 for m in @MODULES@; do insmod $m || echo "atrium-init: insmod $m failed"; done
-cfg=
 i=0
-while [ -z "$cfg" ] && [ $i -lt 100 ]; do
-	for d in /dev/vd?; do
-		[ -b "$d" ] || continue
-		if [ "$(head -c 10 $d)" = ATRIUMCFG1 ]; then cfg=$d; fi
-	done
-	[ -n "$cfg" ] || sleep 0.05
-	i=$((i + 1))
-done
-[ -n "$cfg" ] || { echo "atrium-init: no configuration disk"; poweroff -f; }
-dd if=$cfg bs=4096 count=1 2>/dev/null | tr -d '\000' >/run/config
-umask 077
-sed -n 2p /run/config >/run/token
-umask 022
-date -u -s "@$(sed -n 3p /run/config)" >/dev/null
-sed -n 4p /run/config >/dev/urandom
-ws=$(sed -n 5p /run/config)
-for d in /dev/vd?; do [ "$d" = "$cfg" ] || disk=$d; done
-if [ -n "$disk" ]; then
-	[ "$ws" = format ] && mkfs.ext2 -q "$disk" >/dev/null 2>&1
-	mount -t ext4 "$disk" /var/lib/atrium-agent || mount "$disk" /var/lib/atrium-agent || echo "atrium-init: cannot mount $disk"
-fi
+while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+mount -t ext4 /dev/vda /var/lib/atrium-agent || echo "atrium-init: cannot mount the workspace disk"
 hostname sandbox
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 ip route add default via 10.0.2.2
+# The VM's configuration (token, time, randomness) comes from the VM host
+# over a port it forwards from its loopback only, after boot or after a
+# clone's restore from a snapshot taken here: never on a command line.
+echo "atrium-init: waiting for the configuration"
+while :; do
+	nc -l -p 7071 </dev/null >/run/config 2>/dev/null
+	[ "$(head -n 1 /run/config)" = ATRIUMCFG1 ] && break
+done
+umask 077
+sed -n 2p /run/config >/run/token
+umask 022
+date -u -s "@$(sed -n 3p /run/config)" >/dev/null
+sed -n 4p /run/config >/dev/urandom
+rm -f /run/config
 echo "atrium-init: starting the agent"
 while :; do
 	atrium sandbox-agent --listen 0.0.0.0:7070 --token-file /run/token --dir /var/lib/atrium-agent </dev/null

@@ -74,6 +74,9 @@ type Config struct {
 	StartTimeout time.Duration
 	// Version must equal the image's version when not empty.
 	Version string
+	// NoSnapshots boots every VM cold instead of cloning a snapshot
+	// template of its size.
+	NoSnapshots bool
 	// QEMU is the QEMU binary; default DefaultQEMU.
 	QEMU string
 	// Logger receives the server's logs; default slog.Default().
@@ -87,6 +90,9 @@ type Server struct {
 	accel string
 	qemu  string
 	man   Manifest
+
+	tplMu     sync.Mutex
+	templates map[int]*template // guarded by tplMu: by memory size
 
 	mu     sync.Mutex
 	vms    map[string]*vm // guarded by mu: by sandbox ID
@@ -159,7 +165,7 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
 		return nil, fmt.Errorf("vmhost: %w", err)
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, accel: Accelerator(), qemu: qemu, man: m, vms: make(map[string]*vm)}, nil
+	return &Server{cfg: cfg, log: cfg.Logger, accel: Accelerator(), qemu: qemu, man: m, vms: make(map[string]*vm), templates: make(map[int]*template)}, nil
 }
 
 // Accel is the accelerator the server's VMs use: "kvm" or "tcg".
@@ -190,11 +196,17 @@ func (s *Server) Create(ctx context.Context, req remote.HookRequest) (remote.VM,
 		return remote.VM{}, errors.New("vmhost: shutting down")
 	}
 	for _, v := range s.vms {
-		if v.session == string(req.Session) && req.Session != "" {
+		if st, _ := v.state(); v.session == string(req.Session) && req.Session != "" && st != "booting" {
+			s.mu.Unlock()
+			if err := s.Wake(ctx, v.id); err != nil {
+				return remote.VM{}, err
+			}
 			select {
 			case <-v.done:
+				// Dead: replace it.
+				s.Destroy(v.id)
+				return s.Create(ctx, req)
 			default:
-				s.mu.Unlock()
 				return remote.VM{ID: v.id, Addr: v.addr, Token: v.token}, nil
 			}
 		}
@@ -219,21 +231,21 @@ func (s *Server) Create(ctx context.Context, req remote.HookRequest) (remote.VM,
 		s.remove(v)
 		return remote.VM{}, err
 	}
+	v.stateMu.Lock()
 	v.bootDur = time.Since(start)
+	v.stateMu.Unlock()
 	s.mu.Lock()
 	s.starts++
 	s.startSeconds += v.bootDur.Seconds()
 	s.mu.Unlock()
 	s.log.Info("vm started", "sandbox", v.id, "session", v.session, "addr", v.addr,
 		"boot", v.bootDur.Round(time.Millisecond), "memory_mib", mem, "accel", s.accel)
-	go func() {
-		<-v.done
-		s.log.Info("vm exited", "sandbox", v.id, "err", v.err)
-	}()
 	return remote.VM{ID: v.id, Addr: v.addr, Token: v.token}, nil
 }
 
-// boot prepares v's disks and starts QEMU, then waits for the agent.
+// boot prepares v's disk and starts its QEMU, as a clone of the snapshot
+// template of its size when there is one, then configures it and waits for
+// the agent.
 func (s *Server) boot(ctx context.Context, v *vm) error {
 	if err := os.MkdirAll(v.dir, 0o700); err != nil {
 		return fmt.Errorf("vmhost: %w", err)
@@ -241,41 +253,44 @@ func (s *Server) boot(ctx context.Context, v *vm) error {
 	tok := make([]byte, 24)
 	rand.Read(tok)
 	v.token = hex.EncodeToString(tok)
-	if err := writeConfigDisk(filepath.Join(v.dir, "config.img"), v.token); err != nil {
-		return fmt.Errorf("vmhost: %w", err)
-	}
-	if err := makeDisk(ctx, filepath.Join(v.dir, "disk.img"), s.cfg.DiskBytes); err != nil {
-		return fmt.Errorf("vmhost: workspace disk: %w", err)
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
+	var tpl *template
+	if !s.cfg.NoSnapshots {
+		var err error
+		if tpl, err = s.template(ctx, v.memMiB); err != nil {
+			s.log.Warn("no snapshot template: booting cold", "memory_mib", v.memMiB, "err", err)
+		}
+	}
+	disk := filepath.Join(v.dir, "disk.img")
+	var err error
+	if tpl != nil {
+		// A clone's disk is a copy of the template's, which the
+		// snapshot's memory already knows.
+		err = copySparse(ctx, tpl.disk, disk)
+	} else {
+		err = makeDisk(ctx, disk, s.cfg.DiskBytes)
+	}
+	if err != nil {
+		return fmt.Errorf("vmhost: workspace disk: %w", err)
+	}
+	v.cloned = tpl != nil
 	var lastErr error
 	// A port picked free may be taken before QEMU binds it: try again.
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort(s.cfg.Host)
-		if err != nil {
-			return fmt.Errorf("vmhost: %w", err)
+		incoming := ""
+		if tpl != nil {
+			incoming = "exec:cat " + tpl.mem
 		}
-		v.addr = net.JoinHostPort(s.cfg.Host, strconv.Itoa(port))
-		v.done = make(chan struct{})
-		cmd := exec.Command(s.qemu, s.qemuArgs(v, net.JoinHostPort(s.cfg.Host, strconv.Itoa(port)))...)
-		stderr := &limitedBuf{max: 8 << 10}
-		cmd.Stdout, cmd.Stderr = io.Discard, stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("vmhost: start QEMU: %w", err)
+		if lastErr = s.startQEMU(v, incoming); lastErr != nil {
+			return lastErr
 		}
-		v.cmd = cmd
-		v.started = time.Now()
-		go func(done chan struct{}) {
-			err := cmd.Wait()
-			if s := strings.TrimSpace(stderr.String()); s != "" {
-				err = fmt.Errorf("%v: %s", err, s)
-			}
-			v.err = err
-			close(done)
-		}(v.done)
-		lastErr = waitHealthy(ctx, v)
+		if tpl != nil {
+			lastErr = resume(ctx, v)
+		}
+		if lastErr == nil {
+			lastErr = waitHealthy(ctx, v)
+		}
 		if lastErr == nil {
 			return nil
 		}
@@ -287,8 +302,50 @@ func (s *Server) boot(ctx context.Context, v *vm) error {
 	return fmt.Errorf("vmhost: VM %s: %w (console: %s)", v.id, lastErr, consoleTail(v))
 }
 
+// startQEMU picks v's ports and starts its QEMU.
+func (s *Server) startQEMU(v *vm, incoming string) error {
+	port, err := freePort(s.cfg.Host)
+	if err != nil {
+		return fmt.Errorf("vmhost: %w", err)
+	}
+	cport, err := freePort("127.0.0.1")
+	if err != nil {
+		return fmt.Errorf("vmhost: %w", err)
+	}
+	v.addr = net.JoinHostPort(s.cfg.Host, strconv.Itoa(port))
+	v.cfgAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(cport))
+	return s.runQEMU(v, incoming)
+}
+
+// runQEMU starts v's QEMU on the ports v has.
+func (s *Server) runQEMU(v *vm, incoming string) error {
+	done := make(chan struct{})
+	cmd := exec.Command(s.qemu, s.qemuArgs(v, incoming)...)
+	stderr := &limitedBuf{max: 8 << 10}
+	cmd.Stdout, cmd.Stderr = io.Discard, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("vmhost: start QEMU: %w", err)
+	}
+	v.stateMu.Lock()
+	v.cmd, v.done, v.err = cmd, done, nil
+	v.started = time.Now()
+	v.stateMu.Unlock()
+	go func(done chan struct{}) {
+		err := cmd.Wait()
+		if s := strings.TrimSpace(stderr.String()); s != "" {
+			err = fmt.Errorf("%v: %s", err, s)
+		}
+		v.err = err
+		close(done)
+	}(v.done)
+	return nil
+}
+
 // remove stops v and deletes its state.
 func (s *Server) remove(v *vm) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	v.stop()
 	os.RemoveAll(v.dir)
 	s.mu.Lock()
@@ -321,33 +378,62 @@ func (s *Server) lookup(id string) (*vm, error) {
 	return v, nil
 }
 
-// Sleep pauses the VM id: its vCPUs stop, its memory and processes stay.
+// Sleep pauses the VM id and saves its memory to the VM host's disk, then
+// stops its QEMU: the guest's processes are kept in the saved state, and
+// the VM uses no memory or CPU until Wake. When saving fails (the disk is
+// full), the VM keeps running and the error is returned.
 func (s *Server) Sleep(ctx context.Context, id string) error {
 	v, err := s.lookup(id)
 	if err != nil {
 		return err
 	}
-	if _, err := v.qmp(ctx, "stop", nil); err != nil {
-		return fmt.Errorf("vmhost: sleep %s: %w", id, err)
-	}
 	v.mu.Lock()
-	v.sleeping = true
-	v.mu.Unlock()
+	defer v.mu.Unlock()
+	if v.sleeping {
+		return nil
+	}
+	mem := filepath.Join(v.dir, "sleep.mem")
+	if err := v.saveTo(ctx, mem); err != nil {
+		os.Remove(mem)
+		if _, cerr := v.qmp(context.WithoutCancel(ctx), "cont", nil); cerr != nil {
+			s.log.Warn("vm sleep failed and resuming it failed too", "sandbox", id, "err", cerr)
+		}
+		return fmt.Errorf("vmhost: sleep %s: save the VM: %w (the VM keeps running)", id, err)
+	}
+	v.setSleeping(true)
+	v.stop()
+	s.log.Info("vm asleep", "sandbox", id)
 	return nil
 }
 
-// Wake resumes the VM id.
+// Wake restores the VM id from its saved state, on the same ports.
 func (s *Server) Wake(ctx context.Context, id string) error {
 	v, err := s.lookup(id)
 	if err != nil {
 		return err
 	}
-	if _, err := v.qmp(ctx, "cont", nil); err != nil {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.sleeping {
+		return nil
+	}
+	mem := filepath.Join(v.dir, "sleep.mem")
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
+	defer cancel()
+	if err := s.runQEMU(v, "exec:cat "+mem); err != nil {
+		return err
+	}
+	if err := resume(ctx, v); err != nil {
+		v.stop()
 		return fmt.Errorf("vmhost: wake %s: %w", id, err)
 	}
-	v.mu.Lock()
-	v.sleeping = false
-	v.mu.Unlock()
+	if err := waitHealthy(ctx, v); err != nil {
+		v.stop()
+		return fmt.Errorf("vmhost: wake %s: %w", id, err)
+	}
+	v.setSleeping(false)
+	os.Remove(mem)
+	s.log.Info("vm awake", "sandbox", id)
 	return nil
 }
 
@@ -382,23 +468,14 @@ func (s *Server) Status() Status {
 	s.mu.Unlock()
 	st := Status{Accel: s.accel, Version: s.man.Version, Kernel: s.man.Kernel, MaxVMs: s.cfg.MaxVMs, VMs: []VMStatus{}}
 	for _, v := range vms {
-		state := "booting"
-		if v.bootDur > 0 {
-			state = "running"
-		}
-		v.mu.Lock()
-		if v.sleeping {
-			state = "sleeping"
-		}
-		v.mu.Unlock()
-		select {
-		case <-v.done:
-			state = "exited"
-		default:
-		}
+		state, pid := v.state()
 		var rss int64
-		if v.cmd != nil && v.cmd.Process != nil {
-			rss = processRSS(v.cmd.Process.Pid)
+		if pid != 0 {
+			rss = processRSS(pid)
+		}
+		if state == "booting" {
+			st.VMs = append(st.VMs, VMStatus{ID: v.id, Session: v.session, State: state, MemoryMiB: v.memMiB})
+			continue
 		}
 		st.VMs = append(st.VMs, VMStatus{ID: v.id, Session: v.session, Addr: v.addr, State: state,
 			MemoryMiB: v.memMiB, Started: v.started, BootMs: v.bootDur.Milliseconds(), RSSBytes: rss})

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -20,8 +21,12 @@ import (
 	"time"
 )
 
-// agentPort is where the agent listens inside the guest.
-const agentPort = 7070
+// agentPort is where the agent listens inside the guest; configPort is
+// where its init waits for the VM's configuration.
+const (
+	agentPort  = 7070
+	configPort = 7071
+)
 
 // vm is one QEMU microVM running a sandbox agent.
 type vm struct {
@@ -29,17 +34,51 @@ type vm struct {
 	session string
 	dir     string
 	addr    string // host:port the node reaches the agent at
+	cfgAddr string // loopback host:port of the guest's configuration port
 	token   string
 	memMiB  int
 	started time.Time
 	bootDur time.Duration
+	cloned  bool // started from a snapshot template
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when QEMU exited
 	err  error         // QEMU's exit, set before done is closed
 
+	// mu is held while the VM sleeps or wakes.
 	mu       sync.Mutex
-	sleeping bool // guarded by mu
+	sleeping bool // guarded by mu; set under sleepMu too
+	// stateMu guards the writes of sleeping, cmd, done and bootDur, so
+	// Status reads them without waiting for a sleep or wake.
+	stateMu sync.Mutex
+}
+
+// state is what Status reports of v.
+func (v *vm) state() (state string, pid int) {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	state = "booting"
+	if v.bootDur > 0 {
+		state = "running"
+	}
+	select {
+	case <-v.done:
+		state = "exited"
+	default:
+	}
+	if v.sleeping {
+		state = "sleeping"
+	}
+	if state == "running" && v.cmd != nil && v.cmd.Process != nil {
+		pid = v.cmd.Process.Pid
+	}
+	return state, pid
+}
+
+func (v *vm) setSleeping(b bool) {
+	v.stateMu.Lock()
+	v.sleeping = b
+	v.stateMu.Unlock()
 }
 
 // Accelerator returns the QEMU accelerator this host offers: "kvm" when
@@ -83,16 +122,28 @@ func tscKHz() int {
 	return 2000000
 }
 
-// writeConfigDisk writes the VM's private configuration disk: a magic
-// line, the agent's token, the host's time and fresh randomness. It reaches
-// the guest as a read-only virtio disk, never on a command line.
-func writeConfigDisk(path, token string) error {
+// configMessage is the VM's configuration: a magic line, the agent's
+// token, the host's time and fresh randomness.
+func configMessage(token string) []byte {
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	s := fmt.Sprintf("ATRIUMCFG1\n%s\n%d\n%s\n", token, time.Now().Unix(), hex.EncodeToString(seed))
-	b := make([]byte, 4096)
-	copy(b, s)
-	return os.WriteFile(path, b, 0o600)
+	return fmt.Appendf(nil, "ATRIUMCFG1\n%s\n%d\n%s\n", token, time.Now().Unix(), hex.EncodeToString(seed))
+}
+
+// sendConfig sends v its configuration over the port forwarded from the
+// host's loopback to the guest's init. QEMU's user networking accepts the
+// connection even when the guest does not listen yet, so the caller
+// repeats it until the agent answers.
+func sendConfig(v *vm) {
+	conn, err := net.DialTimeout("tcp", v.cfgAddr, 300*time.Millisecond)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Second))
+	conn.Write(configMessage(v.token))
+	conn.(*net.TCPConn).CloseWrite()
+	io.Copy(io.Discard, conn)
 }
 
 // makeDisk makes the VM's workspace disk: a sparse ext4 file.
@@ -115,9 +166,9 @@ func makeDisk(ctx context.Context, path string, size int64) error {
 }
 
 // qemuArgs are the arguments of the QEMU process of v.
-func (s *Server) qemuArgs(v *vm, hostPort string) []string {
+func (s *Server) qemuArgs(v *vm, incoming string) []string {
 	img := s.cfg.Dir
-	return []string{
+	a := []string{
 		"-M", "microvm,pit=on,pic=off,rtc=on,isa-serial=on",
 		"-accel", s.accel,
 		"-cpu", "max",
@@ -129,16 +180,19 @@ func (s *Server) qemuArgs(v *vm, hostPort string) []string {
 		"-kernel", filepath.Join(img, kernelFile),
 		"-initrd", filepath.Join(img, initramfsFile),
 		"-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz=%d rdinit=/init", tscKHz()),
-		"-drive", "id=cfg,file=" + filepath.Join(v.dir, "config.img") + ",format=raw,if=none,readonly=on",
-		"-device", "virtio-blk-device,drive=cfg",
 		"-drive", "id=ws,file=" + filepath.Join(v.dir, "disk.img") + ",format=raw,if=none,cache=unsafe",
 		"-device", "virtio-blk-device,drive=ws",
-		"-netdev", "user,id=n0,hostfwd=tcp:" + hostPort + "-:" + strconv.Itoa(agentPort),
+		"-netdev", "user,id=n0,hostfwd=tcp:" + v.addr + "-:" + strconv.Itoa(agentPort) +
+			",hostfwd=tcp:" + v.cfgAddr + "-:" + strconv.Itoa(configPort),
 		"-device", "virtio-net-device,netdev=n0",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",
 		"-qmp", "unix:" + filepath.Join(v.dir, "qmp.sock") + ",server=on,wait=off",
 	}
+	if incoming != "" {
+		a = append(a, "-incoming", incoming)
+	}
+	return a
 }
 
 // freePort picks a free TCP port on host.
@@ -159,6 +213,7 @@ func waitHealthy(ctx context.Context, v *vm) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		sendConfig(v)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+v.addr+"/healthz", nil)
 		resp, err := client.Do(req)
 		if err == nil {

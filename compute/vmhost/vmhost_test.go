@@ -242,7 +242,10 @@ func TestHostAPI(t *testing.T) {
 		t.Fatalf("metrics:\n%s", mt)
 	}
 
-	// Sleep pauses the VM: the agent stops answering; wake resumes it.
+	// Sleep saves the VM to disk and stops it: the agent stops
+	// answering; wake restores it, with the same agent process (its
+	// uptime goes on: no reboot, no restart).
+	up := agentUptime(t, addr)
 	if code, m := call(t, url, "/sleep", hostToken, remote.HookRequest{SandboxID: "sb-a"}); code != http.StatusOK {
 		t.Fatalf("sleep: %d %v", code, m)
 	}
@@ -263,6 +266,9 @@ func TestHostAPI(t *testing.T) {
 		}
 	}
 	t.Logf("wake to a healthy agent: %v", time.Since(wake).Round(time.Millisecond))
+	if up2 := agentUptime(t, addr); up2 < up {
+		t.Fatalf("the agent's uptime went from %d ms before sleep to %d ms after wake: the process was not kept", up, up2)
+	}
 	if code, _ := call(t, url, "/sleep", hostToken, remote.HookRequest{SandboxID: "nope"}); code != http.StatusNotFound {
 		t.Fatalf("sleep of an unknown VM: %d, want 404", code)
 	}
@@ -299,4 +305,16 @@ func TestRefusedAtStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// agentUptime is the uptime the agent at addr reports.
+func agentUptime(t *testing.T, addr string) int64 {
+	t.Helper()
+	var h struct {
+		UptimeMs int64 `json:"uptime_ms"`
+	}
+	if err := json.Unmarshal([]byte(get(t, "http://"+addr+"/healthz")), &h); err != nil {
+		t.Fatal(err)
+	}
+	return h.UptimeMs
 }
