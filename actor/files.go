@@ -93,7 +93,9 @@ func (c FilesConfig) streamTimeout() time.Duration {
 type fileQueue struct {
 	pending []*fileOp
 	staging int
-	// ctx ends the uploads being received when the actor stops.
+	reading int // reads being answered or streamed
+	// ctx ends the uploads being received and the reads being sent when
+	// the actor stops.
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -121,8 +123,14 @@ func (q *fileQueue) abort() {
 	q.pending = nil
 }
 
-// idle reports whether no write waits or is being received.
-func (q *fileQueue) idle() bool { return len(q.pending) == 0 && q.staging == 0 }
+// idle reports whether no write waits or is being received and no read is
+// being sent: the session does not hibernate in the middle of a download.
+func (q *fileQueue) idle() bool { return len(q.pending) == 0 && q.staging == 0 && q.reading == 0 }
+
+// fileReadDone: a read was answered (and its stream sent).
+type fileReadDone struct{}
+
+func (*fileReadDone) handle(s *sessionActor) { s.files.reading-- }
 
 // fileOp is one write: its request, the received bytes and the request to
 // answer once it is applied.
@@ -274,9 +282,11 @@ func fileError(err error) error {
 
 // fileRead serves a read from the saved workspace on a goroutine.
 func (s *sessionActor) fileRead(msg *nats.Msg, req session.FilesRequest, p string) {
-	h, id := s.h, s.id
+	h, id, fctx := s.h, s.id, s.files.context(s.h.ctx)
+	s.files.reading++
 	s.spawn(func() {
-		ctx, cancel := context.WithCancel(h.ctx)
+		defer s.send(&fileReadDone{})
+		ctx, cancel := context.WithCancel(fctx)
 		defer cancel()
 		if err := h.serveFileRead(ctx, id, msg, req, p); err != nil {
 			respond(msg, errorReply(fileError(err)))
@@ -564,7 +574,7 @@ func (s *sessionActor) fileUpload(msg *nats.Msg, user string, req session.FilesR
 		respond(msg, errorReply(session.Errorf(session.CodeUnavailable, "no room to receive the upload on this node: %v", err)))
 		return
 	}
-	sub, err := s.h.cfg.NATS.SubscribeSync(s.h.cfg.NATS.NewRespInbox())
+	sub, err := s.h.cfg.NATS.SubscribeSync(nats.NewInbox())
 	if err == nil {
 		err = s.h.cfg.NATS.Flush()
 	}

@@ -97,7 +97,7 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request, p session.Pr
 // download asks the node for a read and copies its stream to w.
 func (s *Server) download(w http.ResponseWriter, r *http.Request, p session.Principal, req session.FilesRequest) {
 	id := session.ID(r.PathValue("id"))
-	sub, err := s.nc.SubscribeSync(s.nc.NewRespInbox())
+	sub, err := s.nc.SubscribeSync(nats.NewInbox())
 	if err != nil {
 		s.fail(w, r, natsError(err))
 		return
