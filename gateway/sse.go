@@ -45,6 +45,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, p session.Prin
 	wt := s.newWatcher(p.User, true)
 	wt.token = apiToken(r, p)
 	wt.deltas = true
+	defer s.closeAtExpiry(wt, p)()
 	if a.allowed() {
 		wt.setRole(roleIn(a.entry, p))
 	}

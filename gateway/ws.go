@@ -104,6 +104,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	c := &wsConn{s: s, ws: ws, conn: hj.conn, p: p, id: id, w: s.newWatcher(p.User, false), after: after, access: a, remote: remoteOf(r)}
 	c.w.token = apiToken(r, p)
 	c.w.deltas = true
+	stopExpiry := s.closeAtExpiry(c.w, p)
 	c.batch = ws.Subprotocol() == session.SubprotocolBatch
 	if a.allowed() {
 		c.w.setRole(roleIn(a.entry, p))
@@ -122,6 +123,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request, p session.Princ
 	s.conns.Go(func() {
 		defer s.metrics.conns.WithLabelValues("ws").Dec()
 		c.read()
+		stopExpiry()
 		if c.cmds != nil {
 			c.cmds.stop()
 		}
