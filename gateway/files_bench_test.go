@@ -121,4 +121,3 @@ func dirBytes(tb testing.TB, dir string) int64 {
 	}
 	return n
 }
-
