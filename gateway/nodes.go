@@ -45,6 +45,43 @@ var errNodeGone = errors.New("gateway: the node serving the session stopped")
 type nodeLeases struct {
 	mu      sync.Mutex
 	waiters map[string]map[*nodeWaiter]struct{} // guarded by mu: by node ID
+	// live holds the nodes whose lease this gateway last saw written,
+	// gone those whose lease it last saw end; guarded by mu. A node is in
+	// at most one of them.
+	live, gone map[string]bool
+}
+
+// renewed records that node's lease was taken or renewed.
+func (n *nodeLeases) renewed(node string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.live == nil {
+		n.live, n.gone = map[string]bool{}, map[string]bool{}
+	}
+	n.live[node] = true
+	delete(n.gone, node)
+}
+
+// isGone reports whether node's lease was last seen ending.
+func (n *nodeLeases) isGone(node string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gone[node]
+}
+
+// pick returns a node whose lease this gateway last saw written, other
+// than not, or "" if it knows none: where to place a session away from a
+// node that is gone (the place queue group may still include it: a frozen
+// process keeps its subscriptions until NATS's ping timeout).
+func (n *nodeLeases) pick(not string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for node := range n.live { // map order: a random live node
+		if node != not {
+			return node
+		}
+	}
+	return ""
 }
 
 // nodeWaiter is one request following a node.
@@ -90,6 +127,11 @@ func (n *nodeLeases) ended(node string) int {
 	n.mu.Lock()
 	ws := n.waiters[node]
 	delete(n.waiters, node)
+	if n.gone == nil {
+		n.live, n.gone = map[string]bool{}, map[string]bool{}
+	}
+	delete(n.live, node)
+	n.gone[node] = true
 	n.mu.Unlock()
 	cause := fmt.Errorf("lease of node %s ended: %w", node, errNodeGone)
 	for w := range ws {
@@ -129,8 +171,10 @@ func (s *Server) followNodes() (watched bool, err error) {
 			switch {
 			case !ok:
 				return true, errors.New("node lease watcher ended")
-			case e == nil, e.Operation() == jetstream.KeyValuePut:
+			case e == nil:
+			case e.Operation() == jetstream.KeyValuePut:
 				// A node took or renewed its lease.
+				s.nodes.renewed(strings.TrimPrefix(e.Key(), prefix))
 			default: // deleted (the node stopped) or purged (the lease expired)
 				node := strings.TrimPrefix(e.Key(), prefix)
 				if n := s.nodes.ended(node); n > 0 {

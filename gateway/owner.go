@@ -223,6 +223,21 @@ func (s *Server) activate(ctx context.Context, p session.Principal, id session.I
 	if e, ok := s.cache.lookup(id); ok && e != nil {
 		node = e.Node
 	}
+	if node != "" && s.nodes.isGone(node) {
+		// Its lease ended, but it may still be subscribed to its own
+		// subject and to the queue group (a frozen process keeps its
+		// connection until NATS's ping timeout): ask a node whose lease
+		// is live by name instead (issue 21).
+		s.metrics.affinity.WithLabelValues(affinityMiss).Inc()
+		if other := s.nodes.pick(node); other != "" {
+			_, err := s.request(ctx, s.subj.PlaceOn(other), p, req)
+			if !errors.Is(err, nats.ErrNoResponders) {
+				return err
+			}
+		}
+		_, err := s.request(ctx, s.subj.Place(), p, req)
+		return err
+	}
 	if subj := s.subj.PlaceOn(node); subj != "" {
 		// If that node's lease ends before it answers (it died while
 		// activating), the queue group is asked as if it were gone:

@@ -3,12 +3,14 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/atriumhq/atrium/gateway/client"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -170,4 +172,55 @@ func (tap *EventTap) staleForks(since time.Time) []string {
 		}
 	}
 	return out
+}
+
+// TestCluster_FreezeHibernatedOwner: a hibernated session's node (the one
+// whose disk has its file, which gateways ask first) is frozen; once its
+// lease has ended, a prompt is served by another node at once, not after
+// the request timeout: the gateway asks a node whose lease is live instead
+// of the frozen one, which still listens on its place subjects (issue 21,
+// finding 5).
+func TestCluster_FreezeHibernatedOwner(t *testing.T) {
+	c := StartCluster(t, Options{HibernateAfter: time.Second})
+	s := c.CreateSession(0, "freeze hibernated", shellHarness)
+	c.SendUntilAcked(0, s.ID, "echo one")
+	owner := c.Node(c.WaitOwner(s.ID, "").Node)
+	// Hibernated: the record is released.
+	waitUntil(t, "the session hibernating", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l, ok, err := c.LeaseOf(ctx, s.ID)
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			return fmt.Errorf("still held by %s", l.Node)
+		}
+		return nil
+	})
+	owner.Freeze()
+	defer owner.Thaw()
+	waitUntil(t, "the lease of "+owner.Name+" ending", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		kv, err := c.owners(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := kv.Get(ctx, session.NodeLeaseKey(owner.Name)); err == nil {
+			return errors.New("still there")
+		}
+		return nil
+	})
+	for i := range c.Gateways {
+		// One attempt, bounded by the gateway's own request timeout (10
+		// s): asking the frozen node would use all of it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		seq, err := c.Client(i).Send(ctx, s.ID, "echo two", client.NewClientID())
+		cancel()
+		if err != nil {
+			t.Fatalf("a prompt through %s to a session whose node is frozen: %v", c.Gateways[i].Name, err)
+		}
+		t.Logf("prompt through %s acked at seq %d", c.Gateways[i].Name, seq)
+	}
 }
