@@ -25,8 +25,9 @@ const defaultVMHostDir = "/var/lib/atrium-vmhost"
 func newVMHostCmd(env *cliEnv) *cobra.Command {
 	var (
 		listen, tokenFile, dir, host string
+		stateDir                     string
 		maxVMs, memory               int
-		verbose                      bool
+		verbose, noSnapshots         bool
 	)
 	cmd := &cobra.Command{
 		Use:     "vmhost --listen ADDR --token-file F --dir D",
@@ -69,8 +70,8 @@ See docs/compute.md.`,
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
-			srv, err := vmhost.New(vmhost.Config{Dir: dir, Token: token, Host: host, MaxVMs: maxVMs,
-				MemoryMiB: memory, Version: buildVersion(), Logger: log})
+			srv, err := vmhost.New(vmhost.Config{Dir: dir, StateDir: stateDir, Token: token, Host: host, MaxVMs: maxVMs,
+				MemoryMiB: memory, NoSnapshots: noSnapshots, Version: buildVersion(), Logger: log})
 			if err != nil {
 				return err
 			}
@@ -102,9 +103,11 @@ See docs/compute.md.`,
 	fl.StringVar(&listen, "listen", "", "address to serve the API on, host:port (required)")
 	fl.StringVar(&tokenFile, "token-file", "", "file holding the token nodes authenticate with (required)")
 	fl.StringVar(&dir, "dir", defaultVMHostDir, "directory of the image and the VMs' state")
+	fl.StringVar(&stateDir, "state-dir", "", "directory of the VMs' disks and saved memory, emptied at start (default DIR/vms)")
 	fl.StringVar(&host, "host", "", "address the VMs' agents are forwarded on and nodes reach (default: --listen's host)")
 	fl.IntVar(&maxVMs, "max-vms", vmhost.DefaultMaxVMs, "VMs running at once; beyond, creation is refused")
 	fl.IntVar(&memory, "memory", vmhost.DefaultMemoryMiB, "memory of each VM in MiB, when the sandbox names none")
+	fl.BoolVar(&noSnapshots, "no-snapshots", false, "boot every VM cold instead of cloning a snapshot template of its size")
 	fl.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	cmd.AddCommand(newVMHostImageCmd(env), newVMHostStatusCmd(env))
 	return cmd
