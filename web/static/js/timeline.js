@@ -55,7 +55,8 @@ export class Timeline {
 
   /** refresh re-renders every row in the window (after a role change, for example). */
   refresh() {
-    for (let s = this.vlo; s <= this.vhi; s++) this.update(s);
+    for (let s = this.vlo; s <= this.vhi; s++) this.update(s, false);
+    if (this.following && this.rendered > 0) this.toBottom();
   }
 
   /**
@@ -76,13 +77,13 @@ export class Timeline {
    * the browser move the scroll position; while following, the live end
    * stays in view and that move is not taken for the reader scrolling up.
    */
-  update(seq) {
+  update(seq, settle = true) {
     if (seq < this.vlo || seq > this.vhi) return;
     const el = this.list.children[seq - this.vlo];
     const ev = this.store.get(seq);
     if (!el || !ev) return;
     el.replaceWith(this.row(ev));
-    if (this.following) this.toBottom();
+    if (settle && this.following) this.toBottom();
   }
 
   render() {
