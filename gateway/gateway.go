@@ -333,6 +333,7 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("POST /v1/tokens", s.authed(s.createToken))
 	mux.Handle("GET /v1/tokens", s.authed(s.listTokens))
 	mux.Handle("DELETE /v1/tokens/{id}", s.authed(s.revokeToken))
+	mux.Handle("DELETE /v1/tokens", s.authed(s.revokeUserTokens))
 	mux.Handle("GET /v1/audit", s.authed(s.listAudit))
 	if cfg.ClusterStatus != nil {
 		s.cluster, s.tenantCluster = cfg.ClusterStatus, cfg.TenantClusterStatus
@@ -546,7 +547,10 @@ type tokensFirst struct {
 func (a tokensFirst) Authenticate(r *http.Request) (session.Principal, error) {
 	p, err := a.tokens.Authenticate(r)
 	if errors.Is(err, auth.ErrNoCredentials) {
-		return a.next.Authenticate(r)
+		p, err = a.next.Authenticate(r)
+		if err == nil {
+			a.tokens.NoteLogin(r.Context(), p) // the owner's latest claims cap their tokens
+		}
 	}
 	return p, err
 }

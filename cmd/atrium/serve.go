@@ -135,6 +135,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			cfg.Sandbox.Hook = &remote.CommandHook{Create: r.Create, Destroy: r.Delete, Logger: hookLog}
 		}
 	}
+	cfg.TokenTTL, cfg.TokenLoginMaxAge = f.Auth.TokenTTL, f.Auth.TokenLoginMaxAge
 	if f.Auth.Mode == config.AuthOIDC {
 		key, err := f.CookieKeyBytes()
 		if err != nil {

@@ -226,16 +226,36 @@ func printTokens(env *cliEnv, list []client.TokenInfo, withUser bool, now time.T
 
 func newTokenRevokeCmd(env *cliEnv) *cobra.Command {
 	var conn connFlags
+	var user string
 	cmd := &cobra.Command{
-		Use:   "revoke ID",
-		Short: "Revoke an API token",
+		Use:   "revoke ID | --user USER",
+		Short: "Revoke an API token, or every token of a user",
 		Long: `Revoke an API token by its id (see 'atrium token ls'): it stops working at
 once. You may revoke your own tokens; tenant admins may revoke any token of
-the tenant.`,
+the tenant. With --user, every token of that user is revoked (a tenant admin's
+answer to a user who left).`,
 		Example: `  atrium token revoke 3f9a1c2b7d4e
+  atrium token revoke --user bob@example.com
   atrium token ls --json | jq -r '.[] | select(.name=="ci") | .id' | xargs -n1 atrium token revoke`,
-		Args: exactArgs("ID"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if user != "" {
+				return exactArgs()(cmd, args)
+			}
+			return exactArgs("ID")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if user != "" {
+				c, err := conn.client(cmd, env)
+				if err != nil {
+					return err
+				}
+				infos, err := c.RevokeUserTokens(cmd.Context(), user)
+				if err != nil {
+					return explainTokens(err, conn.server)
+				}
+				_, err = fmt.Fprintf(env.stdout, "Revoked %d token(s) of %s.\n", len(infos), safeText(user))
+				return err
+			}
 			id := args[0]
 			if rest, ok := strings.CutPrefix(id, "atr_"); ok {
 				// A whole token was pasted: its id is the part before the
@@ -258,6 +278,7 @@ the tenant.`,
 			return err
 		},
 	}
+	cmd.Flags().StringVar(&user, "user", "", "revoke every API token of this user")
 	conn.register(cmd)
 	return cmd
 }

@@ -81,6 +81,14 @@ type TokensConfig struct {
 	// Timeout bounds one read or write of the bucket; default
 	// DefaultTokensTimeout.
 	Timeout time.Duration
+	// DefaultTTL is how long a token made without an expiry lasts; default
+	// DefaultTokenTTL. Negative: such tokens never expire.
+	DefaultTTL time.Duration
+	// LoginMaxAge, if positive, refuses a token whose owner has not logged
+	// in interactively (an OIDC ID or access token, a login cookie) for
+	// longer: a user deleted or disabled at the identity provider cannot log
+	// in, so their tokens stop working after at most this. Zero: off.
+	LoginMaxAge time.Duration
 	// Now returns the current time; default time.Now.
 	Now func() time.Time
 	// Logger receives the store's logs; default slog.Default().
@@ -141,6 +149,7 @@ type Tokens struct {
 	mu      sync.Mutex
 	cache   map[string]cachedToken // guarded by mu: by id
 	touched map[string]time.Time   // guarded by mu: when this gateway last wrote last_used_at
+	owners  map[string]cachedOwner // guarded by mu: owner records by key
 }
 
 type cachedToken struct {
@@ -174,6 +183,9 @@ func NewTokens(cfg TokensConfig) (*Tokens, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = DefaultTokenTTL
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -184,7 +196,7 @@ func NewTokens(cfg TokensConfig) (*Tokens, error) {
 	}
 	return &Tokens{
 		cfg: cfg, js: js, log: log,
-		cache: make(map[string]cachedToken), touched: make(map[string]time.Time),
+		cache: make(map[string]cachedToken), touched: make(map[string]time.Time), owners: make(map[string]cachedOwner),
 	}, nil
 }
 
@@ -238,6 +250,8 @@ func tokenStoreDown(err error) error {
 
 // Create makes a token for by, who must not be authenticated by a token
 // itself, and returns it (the only time its secret is known) with its info.
+// A request without an expiry gets DefaultTTL. by's claims are recorded as
+// its owner's latest (see NoteLogin).
 // The token's cap is req.Role, and no more than by's own cap; it is a tenant
 // admin's only if by is one.
 func (t *Tokens) Create(ctx context.Context, by session.Principal, req TokenRequest) (string, TokenInfo, error) {
@@ -267,6 +281,13 @@ func (t *Tokens) Create(ctx context.Context, by session.Principal, req TokenRequ
 	if !req.ExpiresAt.IsZero() && !req.ExpiresAt.After(now) {
 		return "", TokenInfo{}, session.Errorf(session.CodeBadRequest, "expires_at %s is not in the future", req.ExpiresAt.UTC().Format(time.RFC3339))
 	}
+	expires := req.ExpiresAt
+	if expires.IsZero() && t.cfg.DefaultTTL > 0 {
+		expires = now.Add(t.cfg.DefaultTTL)
+	}
+	if err := t.noteLogin(ctx, by, false); err != nil {
+		return "", TokenInfo{}, err
+	}
 	mine, err := t.list(ctx, func(r *tokenRecord) bool { return r.Tenant == by.Tenant && r.User == by.User })
 	if err != nil {
 		return "", TokenInfo{}, err
@@ -290,8 +311,8 @@ func (t *Tokens) Create(ctx context.Context, by session.Principal, req TokenRequ
 			Operator: by.Operator,
 			Hash:     tokenHash(secret),
 		}
-		if !req.ExpiresAt.IsZero() {
-			rec.ExpiresAt = req.ExpiresAt.UTC()
+		if !expires.IsZero() {
+			rec.ExpiresAt = expires.UTC()
 		}
 		b, err := json.Marshal(rec)
 		if err != nil {
@@ -362,6 +383,9 @@ func (t *Tokens) list(ctx context.Context, keep func(*tokenRecord) bool) ([]Toke
 					return cmp.Or(b.CreatedAt.Compare(a.CreatedAt), strings.Compare(a.ID, b.ID))
 				})
 				return out, nil
+			}
+			if isOwnerKey(e.Key()) {
+				continue
 			}
 			var rec tokenRecord
 			if err := json.Unmarshal(e.Value(), &rec); err != nil {
@@ -446,10 +470,14 @@ func (t *Tokens) Verify(ctx context.Context, tok string) (session.Principal, err
 	if err := t.touch(ctx, id, now, rec, rev); err != nil {
 		return session.Principal{}, err
 	}
-	return session.Principal{
+	p := session.Principal{
 		User: rec.User, Tenant: rec.Tenant, Admin: rec.Admin, Operator: rec.Operator, Cap: rec.Role,
 		Via: session.ViaToken, Expires: rec.ExpiresAt,
-	}, nil
+	}
+	if err := t.capByOwner(ctx, rec, &p); err != nil {
+		return session.Principal{}, err
+	}
+	return p, nil
 }
 
 // parseToken splits "atr_<id>_<secret>".

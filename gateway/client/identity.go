@@ -199,6 +199,21 @@ func (c *Client) RevokeToken(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(id), nil, nil)
 }
 
+// RevokeUserTokens revokes every API token of user in the caller's tenant
+// (the caller's own, or any user's for a tenant admin) and returns them.
+func (c *Client) RevokeUserTokens(ctx context.Context, user string) ([]TokenInfo, error) {
+	if user == "" {
+		return nil, session.Errorf(session.CodeBadRequest, "user is empty")
+	}
+	var body struct {
+		Tokens []TokenInfo `json:"tokens"`
+	}
+	if err := c.do(ctx, http.MethodDelete, "/v1/tokens?user="+url.QueryEscape(user), nil, &body); err != nil {
+		return nil, err
+	}
+	return body.Tokens, nil
+}
+
 // Audit returns one page of the audit log, newest first (tenant admins
 // only). Continue with q.Cursor set to the page's Next until it is "".
 func (c *Client) Audit(ctx context.Context, q AuditQuery) (AuditPage, error) {

@@ -190,6 +190,13 @@ type Auth struct {
 	CookieKey string `yaml:"cookie_key" secret:"true"`
 	// CookieTTL is how long a browser login lasts.
 	CookieTTL time.Duration `yaml:"cookie_ttl"`
+	// TokenTTL is how long an API token made without an expiry lasts
+	// (default 90 days; "-1s": never expires).
+	TokenTTL time.Duration `yaml:"token_ttl"`
+	// TokenLoginMaxAge (oidc mode) refuses an API token whose owner has not
+	// logged in for longer (default 30 days; "-1s": off): a user removed at
+	// the identity provider loses their tokens.
+	TokenLoginMaxAge time.Duration `yaml:"token_login_max_age"`
 }
 
 // OIDC configures the organisation's OpenID Connect provider.
@@ -410,6 +417,8 @@ func (f *File) fillDefaults() {
 	def(&f.Storage.Type, "dir")
 	def(&f.Tracing.Protocol, TracingHTTP)
 	defDur(&f.Auth.CookieTTL, DefaultCookieTTL)
+	defDur(&f.Auth.TokenTTL, 90*24*time.Hour)
+	defDur(&f.Auth.TokenLoginMaxAge, 30*24*time.Hour)
 	defDur(&f.Node.HibernateAfter, DefaultHibernateAfter)
 	defDur(&f.Node.TurnTimeout, DefaultTurnTimeout)
 	defDur(&f.Node.CancelGrace, DefaultCancelGrace)

@@ -208,6 +208,10 @@ type Config struct {
 	// OIDC configures AuthOIDC. Its RedirectURL defaults to PublicURL +
 	// "/auth/callback"; its Audit and Logger are set by Start.
 	OIDC auth.OIDCConfig
+	// TokenTTL is the default life of an API token (auth.TokensConfig.DefaultTTL);
+	// TokenLoginMaxAge, in AuthOIDC, refuses tokens of owners who stopped
+	// logging in (auth.TokensConfig.LoginMaxAge).
+	TokenTTL, TokenLoginMaxAge time.Duration
 	// PublicURL is the URL browsers reach the gateway at; default the
 	// listener's http URL.
 	PublicURL string
@@ -638,8 +642,12 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
+	loginMaxAge := time.Duration(0)
+	if cfg.AuthMode == AuthOIDC {
+		loginMaxAge = cfg.TokenLoginMaxAge
+	}
 	tokens, err := auth.NewTokens(auth.TokensConfig{NATS: s.nc, Bucket: session.DefaultPrefix + "_tokens", Replicas: cfg.NATS.Replicas,
-		Logger: cfg.Logger.With("component", "gateway")})
+		DefaultTTL: cfg.TokenTTL, LoginMaxAge: loginMaxAge, Logger: cfg.Logger.With("component", "gateway")})
 	if err != nil {
 		return nil, fmt.Errorf("api tokens: %w", err)
 	}
