@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,8 +25,10 @@ import (
 	"github.com/atriumhq/atrium/compute/vmhost"
 )
 
-// imageVersion is the version the test image and servers agree on.
-const imageVersion = "test"
+// imageVersion is the version the test image and servers agree on: that
+// of atrium built from source (sandboxagent.DefaultVersion), which the
+// `atrium vmhost` of the network-namespace test reports too.
+const imageVersion = "devel"
 
 // testImageState is the guest image, built once per test binary into a
 // cache directory (rebuilt only when its inputs change).
@@ -32,6 +36,17 @@ var testImageState struct {
 	once sync.Once
 	dir  string
 	err  error
+	// bin is the static atrium the image holds, which the tests also run
+	// as `atrium vmhost`; binDir is removed by TestMain.
+	bin, binDir string
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testImageState.binDir != "" {
+		os.RemoveAll(testImageState.binDir)
+	}
+	os.Exit(code)
 }
 
 // cacheDir is where the test image is kept: $ATRIUM_VM_CACHE, default
@@ -43,12 +58,21 @@ func cacheDir() string {
 	return "/var/cache/atrium-vm"
 }
 
-// testImage builds a static atrium from this repository and the guest
-// image around it, and returns the image's directory.
+// testImage returns the guest image's directory (see buildTestImage).
 func testImage(t *testing.T) string {
 	t.Helper()
+	dir, err := buildTestImage()
+	if err != nil {
+		t.Fatalf("guest image: %v", err)
+	}
+	return dir
+}
+
+// buildTestImage builds, once per test binary, a static atrium from this
+// repository and the guest image around it, in the cache directory.
+func buildTestImage() (string, error) {
 	if _, err := exec.LookPath(vmhost.DefaultQEMU); err != nil {
-		t.Fatal("QEMU is not installed: run .ci/deps")
+		return "", errors.New("QEMU is not installed: run .ci/deps")
 	}
 	testImageState.once.Do(func() {
 		tmp, err := os.MkdirTemp("", "vmhost-test-bin-")
@@ -56,8 +80,9 @@ func testImage(t *testing.T) string {
 			testImageState.err = err
 			return
 		}
-		defer os.RemoveAll(tmp)
+		testImageState.binDir = tmp
 		bin := filepath.Join(tmp, "atrium")
+		testImageState.bin = bin
 		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/atriumhq/atrium/cmd/atrium")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -70,10 +95,7 @@ func testImage(t *testing.T) string {
 		_, err = vmhost.Build(ctx, vmhost.BuildConfig{Dir: dir, Atrium: bin, Version: imageVersion, Progress: os.Stderr})
 		testImageState.dir, testImageState.err = dir, err
 	})
-	if testImageState.err != nil {
-		t.Fatalf("guest image: %v", testImageState.err)
-	}
-	return testImageState.dir
+	return testImageState.dir, testImageState.err
 }
 
 func testLogger(tb testing.TB) *slog.Logger {
@@ -112,15 +134,14 @@ func newServer(t *testing.T, cfg vmhost.Config) (*vmhost.Server, string) {
 	return srv, hs.URL
 }
 
+// TestContract runs the compute contract suite against `atrium vmhost`
+// running in a network namespace of its own: a second host on a veth
+// link, reached by the node (this test) over that link only.
 func TestContract(t *testing.T) {
-	srv, url := newServer(t, vmhost.Config{MaxVMs: 2})
-	t.Logf("accelerator: %s", srv.Accel())
+	url := netnsVMHost(t)
 	computetest.TestProvider(t, func(t *testing.T) compute.Provider {
-		p, err := remote.New(remote.Config{
-			Hook:         &remote.HTTPHook{URL: url, Header: http.Header{"Authorization": {"Bearer " + hostToken}}},
-			StartTimeout: 90 * time.Second,
-			Logger:       testLogger(t),
-		})
+		hook := &remote.HTTPHook{URL: url, Header: http.Header{"Authorization": {"Bearer " + hostToken}}}
+		p, err := remote.New(remote.Config{Hook: hook, StartTimeout: 90 * time.Second, Logger: testLogger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,14 +151,122 @@ func TestContract(t *testing.T) {
 			if err := p.Close(ctx); err != nil {
 				t.Errorf("close provider: %v", err)
 			}
-			// One VM at a time: the provider leaves VMs it did not
+			// One VM at a time: the provider leaves the VMs it did not
 			// destroy (a node that restarts cannot find them).
-			for _, v := range srv.Status().VMs {
-				srv.Destroy(v.ID)
+			for _, v := range hostStatus(t, url).VMs {
+				if err := hook.DestroyVM(ctx, remote.HookRequest{SandboxID: v.ID}); err != nil {
+					t.Errorf("destroy %s: %v", v.ID, err)
+				}
 			}
 		})
 		return p
 	})
+}
+
+// hostStatus is GET /status of the VM host at url.
+func hostStatus(t *testing.T, url string) vmhost.Status {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url+"/status", nil)
+	req.Header.Set("Authorization", "Bearer "+hostToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st vmhost.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// netnsVMHost starts `atrium vmhost` in a network namespace joined to this
+// host by a veth pair with a /30 of its own, and returns its API's URL.
+func netnsVMHost(t *testing.T) string {
+	t.Helper()
+	img := testImage(t)
+	if os.Geteuid() != 0 {
+		t.Fatal("the VM host test makes a network namespace (ip netns) and needs root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Fatal("iproute2 (ip) is not installed: run .ci/deps")
+	}
+	n := os.Getpid() % 250
+	ns := fmt.Sprintf("atvmh%d", os.Getpid())
+	veth, peer := fmt.Sprintf("vmh%dh", os.Getpid()%100000), fmt.Sprintf("vmh%dn", os.Getpid()%100000)
+	hostIP, nsIP := fmt.Sprintf("10.231.%d.1", n), fmt.Sprintf("10.231.%d.2", n)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", ns)
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", ns).Run()
+		exec.Command("ip", "link", "del", veth).Run()
+	})
+	run("link", "add", veth, "type", "veth", "peer", "name", peer)
+	run("link", "set", peer, "netns", ns)
+	run("addr", "add", hostIP+"/30", "dev", veth)
+	run("link", "set", veth, "up")
+	run("-n", ns, "addr", "add", nsIP+"/30", "dev", peer)
+	run("-n", ns, "link", "set", peer, "up")
+	run("-n", ns, "link", "set", "lo", "up")
+
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state, err := os.MkdirTemp("", "vmh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	listen := nsIP + ":7000"
+	cmd := exec.Command("ip", "netns", "exec", ns, testImageState.bin, "vmhost", "--listen", listen,
+		"--token-file", tokenFile, "--dir", img, "--state-dir", state, "--max-vms", "2")
+	cmd.Stdout, cmd.Stderr = t.Output(), t.Output()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Error("atrium vmhost did not stop within 30s of SIGTERM")
+		}
+	})
+	url := "http://" + listen
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := (&http.Client{Timeout: time.Second}).Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatal("atrium vmhost exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("atrium vmhost does not answer at %s: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := hostStatus(t, url); st.Accel == "" {
+		t.Fatalf("status: %+v", st)
+	} else {
+		t.Logf("VM host in network namespace %s at %s, accelerator %s", ns, url, st.Accel)
+	}
+	return url
 }
 
 // call posts body to url+path with token and decodes the JSON answer.
