@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,15 +76,12 @@ func (h *Host) resume(ctx context.Context) {
 // through it every third of a TTL.
 func (h *Host) watchNodes(ctx context.Context) {
 	ttl := h.cfg.LeaseTTL
+	names := &nodeNames{set: map[string]bool{}}
+	// The poll runs apart from the watcher: making a watcher again is a
+	// JetStream request that can wait long for a lost reply.
+	h.wg.Go(func() { h.pollNodes(ctx, names) })
 	tick := time.NewTicker(ttl / 2)
 	defer tick.Stop()
-	// known is, per other node heard of, the revision of its lease last
-	// polled and when (monotonic) that revision was first polled.
-	type polled struct {
-		rev uint64
-		at  time.Time
-	}
-	known := map[string]*polled{}
 	for ctx.Err() == nil {
 		w, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"), jetstream.UpdatesOnly())
 		if err != nil {
@@ -108,9 +106,6 @@ func (h *Host) watchNodes(ctx context.Context) {
 				ent = e
 				last = time.Now()
 			case <-tick.C:
-				for node, p := range known {
-					h.pollNode(ctx, node, &p.rev, &p.at)
-				}
 				if time.Since(last) >= 2*ttl {
 					h.log.Warn("the node lease watcher delivered nothing for two lease TTLs; watching again", "silent_for", time.Since(last).Round(time.Millisecond))
 					break watch
@@ -126,14 +121,62 @@ func (h *Host) watchNodes(ctx context.Context) {
 			if node == h.cfg.NodeID {
 				continue
 			}
-			if known[node] == nil {
-				known[node] = &polled{}
-			}
+			names.add(node)
 			if ent.Operation() == jetstream.KeyValueDelete || ent.Operation() == jetstream.KeyValuePurge {
 				h.claimRescue(ctx, node, ent.Revision())
 			}
 		}
 		w.Stop()
+	}
+}
+
+// nodeNames is the set of other nodes the watcher has heard of, read by
+// the poll.
+type nodeNames struct {
+	mu  sync.Mutex
+	set map[string]bool // guarded by mu
+}
+
+func (n *nodeNames) add(node string) {
+	n.mu.Lock()
+	n.set[node] = true
+	n.mu.Unlock()
+}
+
+func (n *nodeNames) list() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.set))
+	for node := range n.set {
+		out = append(out, node)
+	}
+	return out
+}
+
+// pollNodes polls every node in names every half TTL until ctx ends (see
+// watchNodes and pollNode).
+func (h *Host) pollNodes(ctx context.Context, names *nodeNames) {
+	type polled struct {
+		rev uint64
+		at  time.Time
+	}
+	known := map[string]*polled{}
+	tick := time.NewTicker(h.cfg.LeaseTTL / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+		for _, node := range names.list() {
+			p := known[node]
+			if p == nil {
+				p = &polled{}
+				known[node] = p
+			}
+			h.pollNode(ctx, node, &p.rev, &p.at)
+		}
 	}
 }
 
@@ -146,7 +189,10 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 	msg, err := h.ownersLatest(rctx, session.NodeLeaseKey(node))
 	cancel()
 	switch {
-	case err != nil || msg == nil:
+	case err != nil:
+		h.log.Warn("poll a node lease", "node", node, "err", err)
+		return
+	case msg == nil:
 		return
 	case isKVDelete(msg.Header):
 		h.claimRescue(ctx, node, msg.Sequence)
