@@ -447,3 +447,25 @@ func agentUptime(t *testing.T, addr string) int64 {
 	}
 	return h.UptimeMs
 }
+
+// TestNeverHealthy: a guest whose agent does not answer within the start
+// timeout is destroyed, and create fails within that timeout.
+func TestNeverHealthy(t *testing.T) {
+	srv, url := newServer(t, vmhost.Config{NoSnapshots: true, StartTimeout: 1500 * time.Millisecond})
+	start := time.Now()
+	code, m := call(t, url, "/create", hostToken, remote.HookRequest{Session: "s1", SandboxID: "sb-slow"})
+	took := time.Since(start)
+	if code != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(m["error"]), "did not become healthy") {
+		t.Fatalf("create: %d %v, want 500 saying the agent did not become healthy", code, m)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("create failed after %v, want about the 1.5s start timeout", took)
+	}
+	if st := srv.Status(); len(st.VMs) != 0 {
+		t.Fatalf("the VM is still there: %+v", st)
+	}
+	out, _ := exec.Command("ps", "-eo", "args").Output()
+	if strings.Contains(string(out), "sb-slow") {
+		t.Fatal("its QEMU still runs")
+	}
+}
