@@ -238,6 +238,7 @@ func newNode(t testing.TB, name, url string, prov Provider, store blob.Store, op
 	cfg := Config{
 		NATS:           n.nc,
 		Histories:      HistoriesOf(n.dir),
+		SecretKeys:     testSecretKeys,
 		Provider:       prov,
 		NodeID:         name,
 		HibernateAfter: time.Minute,

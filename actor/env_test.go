@@ -79,6 +79,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	e.cfg = Config{
 		NATS:           e.nc,
 		Histories:      HistoriesOf(e.dir),
+		SecretKeys:     testSecretKeys,
 		Provider:       newProvider(t),
 		NodeID:         "n1",
 		HibernateAfter: time.Minute,

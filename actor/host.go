@@ -91,6 +91,10 @@ type Config struct {
 	Subjects session.Subjects
 	// Histories opens and creates session history files.
 	Histories Histories
+	// SecretKeys encrypts sessions' secrets at rest: their metadata holds
+	// only ciphertext. Nil: secrets cannot be set (the error says to
+	// configure a key); secrets stored in clear before still work.
+	SecretKeys *session.SecretKeyring
 	// Provider provisions sandboxes for turns.
 	Provider Provider
 	// SandboxSpec holds the limits of every sandbox (MemoryBytes, Pids,

@@ -12,18 +12,37 @@ import (
 )
 
 // secretEnv returns the secrets as KEY=VALUE environment entries, in name
-// order. The result holds secret values: it goes to the sandbox's Exec and
-// nowhere else (never to a log or an event).
-func secretEnv(secrets map[string]session.Secret) []string {
+// order, decrypted with the node's keyring. The result holds secret values:
+// it goes to the sandbox's Exec and nowhere else (never to a log or an
+// event). A secret that does not decrypt is left out, with a warning naming
+// it (never its value).
+func (s *sessionActor) secretEnv(secrets map[string]session.Secret) []string {
 	if len(secrets) == 0 {
 		return nil
 	}
 	names := slices.Sorted(maps.Keys(secrets))
 	env := make([]string, 0, len(names))
 	for _, n := range names {
-		env = append(env, n+"="+secrets[n].Value)
+		v, err := s.h.cfg.SecretKeys.Open(n, secrets[n])
+		if err != nil {
+			s.log.Warn("secret left out of the harness environment", "secret", n, "err", err)
+			continue
+		}
+		env = append(env, n+"="+v)
 	}
 	return env
+}
+
+// errNoSecretKeys refuses secrets on a node without a keyring.
+var errNoSecretKeys = session.Errorf(session.CodeUnavailable,
+	"this server has no secrets key, so it cannot store secrets encrypted: its operator sets secrets.key_file or ATRIUM_SECRETS_KEYS (docs/operations.md)")
+
+// secretLen is the length of a stored secret's value.
+func (s *sessionActor) secretLen(name string, sec session.Secret) int {
+	if v, err := s.h.cfg.SecretKeys.Open(name, sec); err == nil {
+		return len(v)
+	}
+	return len(sec.Sealed)
 }
 
 // changeMeta queues next as the session's metadata and replies to msg once
@@ -57,11 +76,16 @@ func (s *sessionActor) opSecretSet(msg *nats.Msg, user string, c *session.Comman
 			return
 		}
 	}
+	keys := s.h.cfg.SecretKeys
+	if keys == nil {
+		respond(msg, errorReply(errNoSecretKeys))
+		return
+	}
 	next := s.metaNext
 	total := len(c.Value)
 	for n, sec := range next.Secrets {
 		if n != c.Name {
-			total += len(sec.Value)
+			total += s.secretLen(n, sec)
 		}
 	}
 	if _, ok := next.Secrets[c.Name]; !ok && len(next.Secrets) >= session.MaxSecrets {
@@ -76,7 +100,7 @@ func (s *sessionActor) opSecretSet(msg *nats.Msg, user string, c *session.Comman
 	if secrets == nil {
 		secrets = map[string]session.Secret{}
 	}
-	secrets[c.Name] = session.Secret{Value: c.Value, UpdatedAt: session.Time{Time: time.Now().UTC()}, UpdatedBy: user}
+	secrets[c.Name] = session.Secret{Sealed: keys.Seal(c.Name, c.Value), UpdatedAt: session.Time{Time: time.Now().UTC()}, UpdatedBy: user}
 	next.Secrets = secrets
 	s.changeMeta(msg, next, func() session.Reply { return session.Reply{} })
 }

@@ -8,14 +8,19 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/atriumhq/atrium/storage/blob"
 
 	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/session"
@@ -76,7 +81,8 @@ func wantCode(t testing.TB, what string, rep session.Reply, code session.Code, s
 // or a log.
 func TestHost_Secrets(t *testing.T) {
 	logs := &logBuffer{}
-	e := newEnv(t, withCapturedLogs(t, logs, nil))
+	checkpoints := t.TempDir()
+	e := newEnv(t, withCapturedLogs(t, logs, nil), func(c *Config) { c.Checkpoints = &blob.Dir{Path: checkpoints} })
 	const value = "s3cr3t-VALUE-7f1d2c"
 	sum := sha256.Sum256([]byte(value))
 	// The harness proves it sees the value without printing it.
@@ -171,6 +177,96 @@ func TestHost_Secrets(t *testing.T) {
 			t.Errorf("turn 3 stdout = %q", got)
 		}
 	})
+
+	// Issue 20 finding 3: at rest the value is only ciphertext, in the
+	// history database and its WAL, the JetStream stream files (the
+	// metadata capture) and the checkpoint objects.
+	t.Run("encrypted at rest", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.host.Close(ctx); err != nil { // a checkpoint is written at hibernation
+			t.Fatal(err)
+		}
+		n := 0
+		for _, dir := range []string{e.dir.Path, e.ns.StoreDir(), checkpoints} {
+			n += grepTree(t, dir, value)
+		}
+		if n < 3 {
+			t.Errorf("only %d files searched: the test does not see the stores", n)
+		}
+		e.start()
+	})
+}
+
+// grepTree fails t if any file under dir contains s, and returns how many
+// files it read.
+func grepTree(t *testing.T, dir, s string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		n++
+		if bytes.Contains(b, []byte(s)) {
+			t.Errorf("the secret's value is in clear in %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// testSecretKeys is the secrets keyring of every test host.
+var testSecretKeys = func() *session.SecretKeyring {
+	k, err := session.ParseSecretKeyring(session.NewSecretKeyLine("test"))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+func TestSecretKeyring(t *testing.T) {
+	old := session.NewSecretKeyLine("old")
+	cur := session.NewSecretKeyLine("new")
+	before, _ := session.ParseSecretKeyring(old)
+	sealed := session.Secret{Sealed: before.Seal("GH_TOKEN", "v1")}
+	if strings.Contains(sealed.Sealed, "v1") || !strings.HasPrefix(sealed.Sealed, "old:") {
+		t.Fatalf("sealed %q", sealed.Sealed)
+	}
+	rotated, err := session.ParseSecretKeyring("# rotated\n" + cur + "\n\n" + old + "\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := rotated.Open("GH_TOKEN", sealed); err != nil || v != "v1" {
+		t.Fatalf("old secret after rotation: %q %v", v, err)
+	}
+	if s := rotated.Seal("X", "y"); !strings.HasPrefix(s, "new:") {
+		t.Fatalf("rotated keyring seals with %q", s)
+	}
+	if _, err := rotated.Open("OTHER_NAME", sealed); err == nil {
+		t.Fatal("a sealed value opens under another name")
+	}
+	dropped, _ := session.ParseSecretKeyring(cur)
+	if _, err := dropped.Open("GH_TOKEN", sealed); err == nil || !strings.Contains(err.Error(), "key old") {
+		t.Fatalf("dropped key: %v", err)
+	}
+	if v, err := (*session.SecretKeyring)(nil).Open("A", session.Secret{Value: "clear"}); err != nil || v != "clear" {
+		t.Fatalf("secret stored in clear: %q %v", v, err)
+	}
+	for _, bad := range []string{"", "# nothing", "k:short", "k", "bad id:" + strings.Repeat("A", 44), old + "\n" + old} {
+		if _, err := session.ParseSecretKeyring(bad); err == nil {
+			t.Errorf("keyring %q accepted", bad)
+		} else if strings.Contains(err.Error(), strings.TrimPrefix(old, "old:")) {
+			t.Errorf("error shows a key: %v", err)
+		}
+	}
 }
 
 // httpGetScript fetches the http:// URL $1 through HTTP_PROXY with bash's

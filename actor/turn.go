@@ -649,7 +649,7 @@ func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) 
 	if s.prev != nil {
 		env = append(env, EnvPreviousTurn+"="+string(mustMarshal(s.prev)))
 	}
-	env = append(env, secretEnv(s.meta.Secrets)...)
+	env = append(env, s.secretEnv(s.meta.Secrets)...)
 	h := s.meta.Harness
 	if len(h.Command) > 0 {
 		return h.Command, env, nil

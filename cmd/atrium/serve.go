@@ -18,6 +18,7 @@ import (
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/gateway/auth"
+	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/storage/blob"
 )
 
@@ -136,6 +137,18 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		}
 	}
 	cfg.TokenTTL, cfg.TokenLoginMaxAge = f.Auth.TokenTTL, f.Auth.TokenLoginMaxAge
+	switch keys := getenv("ATRIUM_SECRETS_KEYS"); {
+	case keys != "" && f.Secrets.KeyFile != "":
+		return cfg, fmt.Errorf("secrets: set secrets.key_file or ATRIUM_SECRETS_KEYS, not both")
+	case keys != "":
+		if cfg.SecretKeys, err = session.ParseSecretKeyring(keys); err != nil {
+			return cfg, fmt.Errorf("ATRIUM_SECRETS_KEYS: %w", err)
+		}
+	case f.Secrets.KeyFile != "":
+		if cfg.SecretKeys, err = server.ReadSecretKeys(f.Secrets.KeyFile); err != nil {
+			return cfg, fmt.Errorf("secrets.key_file: %w", err)
+		}
+	}
 	if f.Auth.Mode == config.AuthOIDC {
 		key, err := f.CookieKeyBytes()
 		if err != nil {

@@ -103,6 +103,8 @@ type File struct {
 	NATS    NATS    `yaml:"nats"`
 	Log     Log     `yaml:"log"`
 	Auth    Auth    `yaml:"auth"`
+	// Secrets configures how session secrets are encrypted at rest.
+	Secrets Secrets `yaml:"secrets"`
 	Node    Node    `yaml:"node"`
 	Sandbox Sandbox `yaml:"sandbox"`
 	Storage Storage `yaml:"storage"`
@@ -197,6 +199,14 @@ type Auth struct {
 	// logged in for longer (default 30 days; "-1s": off): a user removed at
 	// the identity provider loses their tokens.
 	TokenLoginMaxAge time.Duration `yaml:"token_login_max_age"`
+}
+
+// Secrets configures the encryption of session secrets at rest.
+type Secrets struct {
+	// KeyFile is the keyring: lines "<id>:<base64 of 32 random bytes>", the
+	// first the current key (docs/operations.md). ATRIUM_SECRETS_KEYS may
+	// hold the same text instead.
+	KeyFile string `yaml:"key_file"`
 }
 
 // OIDC configures the organisation's OpenID Connect provider.

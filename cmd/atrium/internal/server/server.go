@@ -212,6 +212,10 @@ type Config struct {
 	// TokenLoginMaxAge, in AuthOIDC, refuses tokens of owners who stopped
 	// logging in (auth.TokensConfig.LoginMaxAge).
 	TokenTTL, TokenLoginMaxAge time.Duration
+	// SecretKeys encrypts session secrets at rest (actor.Config.SecretKeys).
+	// Nil: in dev mode a keyring is generated in DataDir (SecretKeysFile);
+	// otherwise secrets cannot be set.
+	SecretKeys *session.SecretKeyring
 	// PublicURL is the URL browsers reach the gateway at; default the
 	// listener's http URL.
 	PublicURL string
@@ -588,7 +592,12 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("agents: %w", err)
 	}
+	secretKeys, err := secretKeys(&cfg, cfg.Logger)
+	if err != nil {
+		return err
+	}
 	s.host, err = actor.New(actor.Config{
+		SecretKeys:         secretKeys,
 		Agents:             agentCat,
 		NATS:               s.nc,
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
