@@ -100,9 +100,9 @@ type File struct {
 	Roles []string `yaml:"roles"`
 	// NATS says how to reach NATS: an external cluster, or (no urls) a
 	// server embedded in this process.
-	NATS    NATS    `yaml:"nats"`
-	Log     Log     `yaml:"log"`
-	Auth    Auth    `yaml:"auth"`
+	NATS NATS `yaml:"nats"`
+	Log  Log  `yaml:"log"`
+	Auth Auth `yaml:"auth"`
 	// Secrets configures how session secrets are encrypted at rest.
 	Secrets Secrets `yaml:"secrets"`
 	Node    Node    `yaml:"node"`

@@ -56,7 +56,7 @@ func secretKeys(cfg *Config, log *slog.Logger) (*session.SecretKeyring, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	line := session.NewSecretKeyLine("dev-" + time.Now().UTC().Format("20060102")) + "\n"
+	line := session.NewSecretKeyLine("dev-"+time.Now().UTC().Format("20060102")) + "\n"
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create secrets key file: %w", err)
