@@ -109,13 +109,9 @@ const hostToken = "vmhost-test-token"
 func newServer(t *testing.T, cfg vmhost.Config) (*vmhost.Server, string) {
 	t.Helper()
 	cfg.Dir = testImage(t)
-	// Short: QMP's unix socket path must fit in 108 bytes.
-	state, err := os.MkdirTemp("", "vmh")
-	if err != nil {
-		t.Fatal(err)
+	if cfg.StateDir == "" {
+		cfg.StateDir = stateDir(t)
 	}
-	t.Cleanup(func() { os.RemoveAll(state) })
-	cfg.StateDir = state
 	cfg.Token = hostToken
 	cfg.Version = imageVersion
 	cfg.Logger = testLogger(t)
@@ -137,6 +133,17 @@ func newServer(t *testing.T, cfg vmhost.Config) (*vmhost.Server, string) {
 // TestContract runs the compute contract suite against `atrium vmhost`
 // running in a network namespace of its own: a second host on a veth
 // link, reached by the node (this test) over that link only.
+// stateDir is a VM state directory, short: QMP's unix socket path must
+// fit in 108 bytes.
+func stateDir(t *testing.T) string {
+	state, err := os.MkdirTemp("", "vmh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	return state
+}
+
 func TestContract(t *testing.T) {
 	url := netnsVMHost(t)
 	computetest.TestProvider(t, func(t *testing.T) compute.Provider {
@@ -311,7 +318,8 @@ func healthy(addr string) bool {
 // TestHostAPI drives the API by hand: authentication, capacity, the
 // token's private channel, status, metrics, sleep and wake, destroy.
 func TestHostAPI(t *testing.T) {
-	srv, url := newServer(t, vmhost.Config{MaxVMs: 1, MemoryMiB: 384})
+	state := stateDir(t)
+	srv, url := newServer(t, vmhost.Config{MaxVMs: 1, MemoryMiB: 384, StateDir: state})
 
 	if code, m := call(t, url, "/create", "wrong", remote.HookRequest{Session: "s1", SandboxID: "sb-a"}); code != http.StatusUnauthorized {
 		t.Fatalf("create with a wrong token: %d %v, want 401", code, m)
@@ -397,6 +405,18 @@ func TestHostAPI(t *testing.T) {
 	t.Logf("wake to a healthy agent: %v", time.Since(wake).Round(time.Millisecond))
 	if up2 := agentUptime(t, addr); up2 < up {
 		t.Fatalf("the agent's uptime went from %d ms before sleep to %d ms after wake: the process was not kept", up, up2)
+	}
+	// Saving fails as on a full disk: the VM keeps running, the error is
+	// said.
+	if err := os.Symlink("/dev/full", filepath.Join(state, "sb-a", "sleep.mem")); err != nil {
+		t.Fatal(err)
+	}
+	code, m = call(t, url, "/sleep", hostToken, remote.HookRequest{SandboxID: "sb-a"})
+	if code != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(m["error"]), "keeps running") {
+		t.Fatalf("sleep onto a full disk: %d %v, want 500 saying the VM keeps running", code, m)
+	}
+	if st := srv.Status(); st.VMs[0].State != "running" || !healthy(addr) {
+		t.Fatalf("after a failed sleep: %+v, healthy %v", st, healthy(addr))
 	}
 	if code, _ := call(t, url, "/sleep", hostToken, remote.HookRequest{SandboxID: "nope"}); code != http.StatusNotFound {
 		t.Fatalf("sleep of an unknown VM: %d, want 404", code)
