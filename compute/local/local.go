@@ -93,6 +93,13 @@ type Config struct {
 	// DefaultCgroupParent (v2 forbids controllers below a cgroup that holds
 	// processes, such as atrium's own).
 	CgroupParent string
+	// HostUID, if positive, is the unprivileged host uid (and gid) that
+	// sandboxes run as when atrium runs as root: bubblewrap is started as
+	// it (setpriv), so the sandbox's user is that uid on the host and files
+	// made in a sandbox (a setuid one included) are never root's.
+	// Workspaces are given to it. Every directory above Dir must be
+	// searchable by it. Zero: bubblewrap runs as atrium's own uid.
+	HostUID int
 	// Logger receives the provider's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -103,8 +110,9 @@ type Provider struct {
 	cfg      Config
 	log      *slog.Logger
 	stateDir string
-	bwrap    string  // resolved path of bubblewrap; "" in unsafe mode
-	layout   *layout // nil in unsafe mode or without bubblewrap
+	bwrap    string        // resolved path of bubblewrap; "" in unsafe mode
+	layout   *layout       // nil in unsafe mode or without bubblewrap
+	hostID   *hostIdentity // nil: bubblewrap runs as atrium's uid
 	// unavailable says why sandboxes cannot start; nil when they can.
 	unavailable error
 	// cg is nil when the host has no usable cgroups. Fixed after New.
@@ -191,6 +199,11 @@ func New(cfg Config) (*Provider, error) {
 			p.log.Warn(ErrNoBubblewrap.Message)
 		} else if p.layout, err = newLayout(p.stateDir); err != nil {
 			return nil, fmt.Errorf("local compute: %w", err)
+		}
+		if cfg.HostUID > 0 && p.layout != nil {
+			if p.hostID, err = newHostIdentity(cfg.HostUID, p.stateDir); err != nil {
+				return nil, fmt.Errorf("local compute: %w", err)
+			}
 		}
 	}
 	p.forwarder = cfg.Forwarder

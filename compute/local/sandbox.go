@@ -135,6 +135,9 @@ func (m *machine) provisionLocked() error {
 	if err := os.Mkdir(m.workspace, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create workspace: %w", err)
 	}
+	if err := m.p.hostID.own(m.dir, m.workspace); err != nil {
+		return fmt.Errorf("give the workspace to the sandbox host uid: %w", err)
+	}
 	if cs := m.p.cg; cs != nil {
 		cg, err := cs.createSession(string(m.id), m.limits.memory, m.limits.pids, m.limits.cpus)
 		if err != nil {
@@ -350,7 +353,7 @@ func (m *machine) execLocked(ctx context.Context, req compute.ExecRequest) (*Pro
 		}); ok {
 			return pr, err
 		}
-		target = append([]string{p.bwrap}, p.layout.args(m.workspace, dir, o, req.Argv)...)
+		target = append(p.hostID.command(p.bwrap), p.layout.args(m.workspace, dir, o, req.Argv)...)
 		// bubblewrap runs from / so that the inherited PWD does not name
 		// a host path.
 		cmdDir, home = "/", Workspace

@@ -326,7 +326,7 @@ func (m *machine) startZygoteLocked(o sandboxOptions) (*zygote, error) {
 		return nil, fmt.Errorf("start zygote: %w", err)
 	}
 	defer exe.Close()
-	target := append([]string{p.bwrap}, p.layout.args(m.workspace, Workspace, o, []string{zygoteExe, ZygoteName})...)
+	target := append(p.hostID.command(p.bwrap), p.layout.args(m.workspace, Workspace, o, []string{zygoteExe, ZygoteName})...)
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if p.pidns.Load() {
 		attr.Cloneflags = syscall.CLONE_NEWPID
