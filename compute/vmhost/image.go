@@ -22,7 +22,7 @@ import (
 
 // ImageFormat is the version of the image layout and guest init; an image
 // of another format is refused.
-const ImageFormat = 2
+const ImageFormat = 3
 
 // KernelMeta is the Debian package whose dependency names the guest kernel.
 const KernelMeta = "linux-image-cloud-amd64"
@@ -406,6 +406,17 @@ umask 022
 date -u -s "@$(sed -n 3p /run/config)" >/dev/null
 sed -n 4p /run/config >/dev/urandom
 rm -f /run/config
+# Later messages on the same port set the clock (and stir the pool): the
+# VM host sends one after a wake from sleep.
+(
+	while :; do
+		nc -l -p 7071 </dev/null >/run/clock 2>/dev/null
+		if [ "$(head -n 1 /run/clock)" = ATRIUMTIME ]; then
+			date -u -s "@$(sed -n 2p /run/clock)" >/dev/null
+			sed -n 3p /run/clock >/dev/urandom
+		fi
+	done
+) </dev/null >/dev/null 2>&1 &
 echo "atrium-init: starting the agent"
 while :; do
 	atrium sandbox-agent --listen 0.0.0.0:7070 --token-file /run/token --dir /var/lib/atrium-agent </dev/null

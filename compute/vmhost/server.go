@@ -427,6 +427,8 @@ func (s *Server) Wake(ctx context.Context, id string) error {
 		v.stop()
 		return fmt.Errorf("vmhost: wake %s: %w", id, err)
 	}
+	// The guest's clock stood still while it slept.
+	send(v, clockMessage())
 	if err := waitHealthy(ctx, v); err != nil {
 		v.stop()
 		return fmt.Errorf("vmhost: wake %s: %w", id, err)

@@ -130,18 +130,29 @@ func configMessage(token string) []byte {
 	return fmt.Appendf(nil, "ATRIUMCFG1\n%s\n%d\n%s\n", token, time.Now().Unix(), hex.EncodeToString(seed))
 }
 
+// clockMessage sets a running guest's clock to the host's and stirs its
+// random pool.
+func clockMessage() []byte {
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	return fmt.Appendf(nil, "ATRIUMTIME\n%d\n%s\n", time.Now().Unix(), hex.EncodeToString(seed))
+}
+
 // sendConfig sends v its configuration over the port forwarded from the
 // host's loopback to the guest's init. QEMU's user networking accepts the
 // connection even when the guest does not listen yet, so the caller
 // repeats it until the agent answers.
-func sendConfig(v *vm) {
+func sendConfig(v *vm) { send(v, configMessage(v.token)) }
+
+// send sends msg to v's configuration port.
+func send(v *vm, msg []byte) {
 	conn, err := net.DialTimeout("tcp", v.cfgAddr, 300*time.Millisecond)
 	if err != nil {
 		return
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(time.Second))
-	conn.Write(configMessage(v.token))
+	conn.Write(msg)
 	conn.(*net.TCPConn).CloseWrite()
 	io.Copy(io.Discard, conn)
 }
