@@ -51,6 +51,9 @@ func (m *machine) egressLocked() error {
 	if p.layout != nil {
 		g.socket = filepath.Join(m.dir, egressSocketName)
 		ln, err = listenUnix(g.socket)
+		if err == nil {
+			err = p.hostID.ownFile(g.socket)
+		}
 	} else {
 		ln, err = net.Listen("tcp", "127.0.0.1:0")
 		if err == nil {

@@ -2,6 +2,7 @@ package local
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -31,25 +32,65 @@ func newHostIdentity(uid int, dir string) (*hostIdentity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox host uid %d needs setpriv (util-linux): %w", uid, err)
 	}
+	if err := reachable(uid, dir); err != nil {
+		return nil, err
+	}
+	return &hostIdentity{uid: uid, setpriv: setpriv}, nil
+}
+
+// reachable checks that uid can search every directory above and at dir.
+func reachable(uid int, dir string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for d := abs; ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		st, _ := fi.Sys().(*syscall.Stat_t)
 		if fi.Mode().Perm()&0o001 == 0 && (st == nil || int(st.Uid) != uid) {
-			return nil, fmt.Errorf("sandbox host uid %d cannot reach %s: %s has mode %v; make it searchable (chmod o+x %s)",
+			return fmt.Errorf("sandbox host uid %d cannot reach %s: %s has mode %v; make it searchable (chmod o+x %s)",
 				uid, dir, d, fi.Mode().Perm(), d)
 		}
 		if d == filepath.Dir(d) {
-			break
+			return nil
 		}
 	}
-	return &hostIdentity{uid: uid, setpriv: setpriv}, nil
+}
+
+// forwarder returns a path of the executable at exe that the host uid can
+// reach: exe itself, or a link or copy of it in stateDir.
+func (h *hostIdentity) forwarder(exe, stateDir string) (string, error) {
+	if h == nil || exe == "" || reachable(h.uid, filepath.Dir(exe)) == nil {
+		return exe, nil
+	}
+	dst := filepath.Join(stateDir, "forwarder")
+	tmp := dst + ".tmp"
+	_ = os.Remove(tmp)
+	if err := os.Link(exe, tmp); err != nil {
+		in, err := os.Open(exe)
+		if err != nil {
+			return "", err
+		}
+		defer in.Close()
+		out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+		if err != nil {
+			return "", err
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			out.Close()
+			return "", err
+		}
+		if err := out.Close(); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(tmp, dst)
 }
 
 // command returns the command line that runs bubblewrap at path bwrap as the
@@ -85,4 +126,13 @@ func (h *hostIdentity) own(dir, workspace string) error {
 		}
 		return os.Lchown(p, h.uid, h.uid)
 	})
+}
+
+// ownFile gives the file at path (a socket the sandbox connects to) to the
+// host uid.
+func (h *hostIdentity) ownFile(path string) error {
+	if h == nil {
+		return nil
+	}
+	return os.Lchown(path, h.uid, h.uid)
 }

@@ -212,6 +212,9 @@ func New(cfg Config) (*Provider, error) {
 			p.forwarderErr = fmt.Errorf("find atrium's executable: %w", err)
 		}
 	}
+	if p.forwarder, err = p.hostID.forwarder(p.forwarder, p.stateDir); err != nil {
+		return nil, fmt.Errorf("local compute: give the forwarder to the sandbox host uid: %w", err)
+	}
 	cg, warn, err := setupCgroups(cfg.CgroupParent)
 	switch {
 	case err != nil:
