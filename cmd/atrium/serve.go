@@ -102,6 +102,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			MemoryBytes:  f.Sandbox.MemoryBytes,
 			Pids:         f.Sandbox.Pids,
 			CPUs:         f.Sandbox.CPUs,
+			HostUID:      f.Sandbox.HostUID,
 			Egress:       f.Sandbox.Egress,
 			EgressPermit: f.Sandbox.EgressPermit,
 			SleepAfter:   f.Sandbox.SleepAfter,

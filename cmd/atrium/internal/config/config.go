@@ -300,6 +300,10 @@ type Sandbox struct {
 	Pids        int   `yaml:"pids"`
 	// CPUs limits each sandbox's CPU time (0.5 is half a core; 0: no limit).
 	CPUs float64 `yaml:"cpus"`
+	// HostUID is the unprivileged host uid (and gid) local sandboxes run as
+	// when atrium runs as root, so that files made in a sandbox are not
+	// root's on the host (docs/compute.md). 0: atrium's own uid.
+	HostUID int `yaml:"host_uid"`
 	// Egress lists the hostnames sandboxes may reach through the node's
 	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
 	// network at all.
@@ -521,6 +525,9 @@ func (f *File) Validate(dev bool) error {
 	}
 	if f.Sandbox.CPUs < 0 {
 		bad("sandbox.cpus", "must be positive (0.5 is half a core; 0 means no limit)")
+	}
+	if f.Sandbox.HostUID < 0 || f.Sandbox.HostUID > 1<<31-2 {
+		bad("sandbox.host_uid", "must be an unprivileged uid such as 231072 (0: off)")
 	}
 	if _, err := egress.ParseAllowlist(f.Sandbox.Egress); err != nil {
 		bad("sandbox.egress", "%v", err)

@@ -121,6 +121,9 @@ type Sandbox struct {
 	Pids        int
 	// CPUs limits each sandbox's CPU time in cores; zero means no limit.
 	CPUs float64
+	// HostUID is the unprivileged host uid local sandboxes run as when the
+	// node runs as root (local.Config.HostUID); zero: atrium's own uid.
+	HostUID int
 	// EgressPermit lists the egress entries a session's owner may add to
 	// its own sandbox (actor.Config.EgressPermit); empty: none.
 	EgressPermit []string
@@ -868,6 +871,7 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 			MemoryBytes: cfg.Sandbox.MemoryBytes,
 			Pids:        cfg.Sandbox.Pids,
 			CPUs:        cfg.Sandbox.CPUs,
+			HostUID:     cfg.Sandbox.HostUID,
 			Logger:      log,
 		})
 		if err != nil {
