@@ -77,7 +77,7 @@ type layout struct {
 
 // newLayout inspects the host's system directories and writes the generated
 // account files into stateDir.
-func newLayout(stateDir string) (*layout, error) {
+func newLayout(stateDir string, tmpBytes int64) (*layout, error) {
 	if err := writeFileAtomic(filepath.Join(stateDir, "passwd"), sandboxPasswd); err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func newLayout(stateDir string) (*layout, error) {
 			a = append(a, "--ro-bind", host, host)
 		}
 	}
-	a = append(a, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+	a = append(a, "--proc", "/proc", "--dev", "/dev", "--size", strconv.FormatInt(tmpBytes, 10), "--tmpfs", "/tmp",
 		"--perms", "0755", "--dir", "/etc")
 	made := map[string]bool{"/etc": true}
 	for _, name := range etcAllowed {

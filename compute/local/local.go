@@ -2,6 +2,7 @@ package local
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,9 @@ const (
 	DefaultMemoryBytes int64 = 2 << 30
 	// DefaultPids is a sandbox's limit on processes and threads.
 	DefaultPids = 512
+	// DefaultTmpBytes is the size of a sandbox's /tmp (a tmpfs, whose pages
+	// also count against the sandbox's memory limit).
+	DefaultTmpBytes int64 = 1 << 30
 	// DefaultCgroupParent is the parent of the sandboxes' cgroups on
 	// cgroup v2, from the root of the hierarchy.
 	DefaultCgroupParent = "/atrium"
@@ -93,6 +97,9 @@ type Config struct {
 	// DefaultCgroupParent (v2 forbids controllers below a cgroup that holds
 	// processes, such as atrium's own).
 	CgroupParent string
+	// TmpBytes is the size of each sandbox's /tmp: a write past it fails
+	// with ENOSPC in the sandbox. Default DefaultTmpBytes.
+	TmpBytes int64
 	// HostUID, if positive, is the unprivileged host uid (and gid) that
 	// sandboxes run as when atrium runs as root: bubblewrap is started as
 	// it (setpriv), so the sandbox's user is that uid on the host and files
@@ -197,7 +204,7 @@ func New(cfg Config) (*Provider, error) {
 		if p.bwrap == "" {
 			p.unavailable = ErrNoBubblewrap
 			p.log.Warn(ErrNoBubblewrap.Message)
-		} else if p.layout, err = newLayout(p.stateDir); err != nil {
+		} else if p.layout, err = newLayout(p.stateDir, cmp.Or(cfg.TmpBytes, DefaultTmpBytes)); err != nil {
 			return nil, fmt.Errorf("local compute: %w", err)
 		}
 		if cfg.HostUID > 0 && p.layout != nil {
