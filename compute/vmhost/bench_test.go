@@ -14,6 +14,7 @@ import (
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/compute/vmhost"
+	"github.com/atriumhq/atrium/session"
 )
 
 // BenchmarkVM measures microVM sandboxes, one VM at a time:
@@ -25,7 +26,7 @@ import (
 // on a warm VM; wake: restore of a VM saved to disk. Each reports p50 and
 // p90; start also the host memory of an idle VM (QEMU's RSS).
 func BenchmarkVM(b *testing.B) {
-	srv, url := newBenchServer(b)
+	srv, url := newBenchServer(b, 2)
 	ctx := context.Background()
 	b.Run("start", func(b *testing.B) {
 		// The first VM makes the template.
@@ -87,12 +88,45 @@ func BenchmarkVM(b *testing.B) {
 	})
 }
 
-func newBenchServer(b *testing.B) (*vmhost.Server, string) {
+// BenchmarkVMCrowded measures the start of a VM (a clone) while n idle VMs
+// run on the same VM host, to find how many VMs it takes to double the
+// start time:
+//
+//	go test -run '^$' -bench VMCrowded -benchtime 3x ./compute/vmhost/
+func BenchmarkVMCrowded(b *testing.B) {
+	srv, _ := newBenchServer(b, 8)
+	ctx := context.Background()
+	if _, err := srv.Create(ctx, remote.HookRequest{Session: "warm", SandboxID: "sb-warm"}); err != nil {
+		b.Fatal(err)
+	}
+	srv.Destroy("sb-warm")
+	for _, idle := range []int{0, 2, 4, 6} {
+		for i := len(srv.Status().VMs); i < idle; i++ {
+			if _, err := srv.Create(ctx, remote.HookRequest{Session: session.ID(fmt.Sprintf("idle%d", i)), SandboxID: fmt.Sprintf("sb-idle%d", i)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("idle-%d", idle), func(b *testing.B) {
+			measure(b, func(i int) time.Duration {
+				id := fmt.Sprintf("sb-m%d", i)
+				start := time.Now()
+				if _, err := srv.Create(ctx, remote.HookRequest{Session: "m", SandboxID: id}); err != nil {
+					b.Fatal(err)
+				}
+				d := time.Since(start)
+				srv.Destroy(id)
+				return d
+			})
+		})
+	}
+}
+
+func newBenchServer(b *testing.B, maxVMs int) (*vmhost.Server, string) {
 	dir, err := buildTestImage()
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := vmhost.New(vmhost.Config{Dir: dir, StateDir: b.TempDir(), Token: hostToken, Version: imageVersion, MaxVMs: 2})
+	srv, err := vmhost.New(vmhost.Config{Dir: dir, StateDir: b.TempDir(), Token: hostToken, Version: imageVersion, MaxVMs: maxVMs})
 	if err != nil {
 		b.Fatal(err)
 	}
