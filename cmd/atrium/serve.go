@@ -103,6 +103,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			Pids:         f.Sandbox.Pids,
 			CPUs:         f.Sandbox.CPUs,
 			HostUID:      f.Sandbox.HostUID,
+			TmpBytes:     f.Sandbox.TmpBytes,
 			Egress:       f.Sandbox.Egress,
 			EgressPermit: f.Sandbox.EgressPermit,
 			SleepAfter:   f.Sandbox.SleepAfter,

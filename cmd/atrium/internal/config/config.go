@@ -304,6 +304,9 @@ type Sandbox struct {
 	// when atrium runs as root, so that files made in a sandbox are not
 	// root's on the host (docs/compute.md). 0: atrium's own uid.
 	HostUID int `yaml:"host_uid"`
+	// TmpBytes is the size of each local sandbox's /tmp (0: 1 GiB); writes
+	// past it fail with ENOSPC.
+	TmpBytes int64 `yaml:"tmp_bytes"`
 	// Egress lists the hostnames sandboxes may reach through the node's
 	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
 	// network at all.
@@ -525,6 +528,9 @@ func (f *File) Validate(dev bool) error {
 	}
 	if f.Sandbox.CPUs < 0 {
 		bad("sandbox.cpus", "must be positive (0.5 is half a core; 0 means no limit)")
+	}
+	if f.Sandbox.TmpBytes < 0 {
+		bad("sandbox.tmp_bytes", "must be positive (0: the default, 1 GiB)")
 	}
 	if f.Sandbox.HostUID < 0 || f.Sandbox.HostUID > 1<<31-2 {
 		bad("sandbox.host_uid", "must be an unprivileged uid such as 231072 (0: off)")

@@ -124,6 +124,8 @@ type Sandbox struct {
 	// HostUID is the unprivileged host uid local sandboxes run as when the
 	// node runs as root (local.Config.HostUID); zero: atrium's own uid.
 	HostUID int
+	// TmpBytes is the size of each local sandbox's /tmp (local.Config.TmpBytes).
+	TmpBytes int64
 	// EgressPermit lists the egress entries a session's owner may add to
 	// its own sandbox (actor.Config.EgressPermit); empty: none.
 	EgressPermit []string
@@ -595,6 +597,9 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("agents: %w", err)
 	}
+	if err := s.serveAgentList(cfg); err != nil { // agentlist.go
+		return err
+	}
 	secretKeys, err := secretKeys(&cfg, cfg.Logger)
 	if err != nil {
 		return err
@@ -872,6 +877,7 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 			Pids:        cfg.Sandbox.Pids,
 			CPUs:        cfg.Sandbox.CPUs,
 			HostUID:     cfg.Sandbox.HostUID,
+			TmpBytes:    cfg.Sandbox.TmpBytes,
 			Logger:      log,
 		})
 		if err != nil {
