@@ -100,6 +100,11 @@ type Config struct {
 	// TmpBytes is the size of each sandbox's /tmp: a write past it fails
 	// with ENOSPC in the sandbox. Default DefaultTmpBytes.
 	TmpBytes int64
+	// WorkspaceBytes, if positive, is each sandbox's workspace quota: the
+	// workspace is an ext4 image of that size loop-mounted (nosuid, nodev)
+	// in the sandbox's directory, so a write past it fails with ENOSPC in
+	// the sandbox. Needs root, mkfs.ext4 and mount. Zero: no quota.
+	WorkspaceBytes int64
 	// HostUID, if positive, is the unprivileged host uid (and gid) that
 	// sandboxes run as when atrium runs as root: bubblewrap is started as
 	// it (setpriv), so the sandbox's user is that uid on the host and files
@@ -117,9 +122,10 @@ type Provider struct {
 	cfg      Config
 	log      *slog.Logger
 	stateDir string
-	bwrap    string        // resolved path of bubblewrap; "" in unsafe mode
-	layout   *layout       // nil in unsafe mode or without bubblewrap
-	hostID   *hostIdentity // nil: bubblewrap runs as atrium's uid
+	bwrap    string          // resolved path of bubblewrap; "" in unsafe mode
+	layout   *layout         // nil in unsafe mode or without bubblewrap
+	hostID   *hostIdentity   // nil: bubblewrap runs as atrium's uid
+	quota    *workspaceQuota // nil: workspaces without a quota
 	// unavailable says why sandboxes cannot start; nil when they can.
 	unavailable error
 	// cg is nil when the host has no usable cgroups. Fixed after New.
@@ -209,6 +215,11 @@ func New(cfg Config) (*Provider, error) {
 		}
 		if cfg.HostUID > 0 && p.layout != nil {
 			if p.hostID, err = newHostIdentity(cfg.HostUID, p.stateDir); err != nil {
+				return nil, fmt.Errorf("local compute: %w", err)
+			}
+		}
+		if cfg.WorkspaceBytes > 0 && p.layout != nil {
+			if p.quota, err = newWorkspaceQuota(cfg.WorkspaceBytes, max(cfg.HostUID, 0)); err != nil {
 				return nil, fmt.Errorf("local compute: %w", err)
 			}
 		}
@@ -538,6 +549,8 @@ func (p *Provider) Close(ctx context.Context) error {
 				return fmt.Errorf("close local compute: %w", ctx.Err())
 			}
 			errs = append(errs, err)
+		} else if err := p.quota.detach(m.workspace); err != nil { // its image is mounted again at the next Open
+			errs = append(errs, fmt.Errorf("close sandbox %s: %w", m.id, err))
 		}
 	}
 	// Every command's done channel is closed: their goroutines are

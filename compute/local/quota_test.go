@@ -1,6 +1,11 @@
 package local
 
 import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -21,5 +26,58 @@ func TestSandbox_TmpSize(t *testing.T) {
 	}
 	if f := strings.Fields(r.Stdout); len(f) < 2 || f[1] != "8192" {
 		t.Errorf("df shows /tmp as %q, want 8192 KiB", r.Stdout)
+	}
+}
+
+// Issue 20 finding 4: with WorkspaceBytes, the workspace is a file system
+// of that size: df shows it, a write past it fails with ENOSPC in the
+// sandbox, what was in the workspace before is kept, and Destroy removes it.
+func TestSandbox_WorkspaceQuota(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	dir := t.TempDir()
+	id := session.NewID()
+	ws := filepath.Join(dir, string(id), "workspace")
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "kept"), []byte("before the quota\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := newTestProvider(t, Config{Dir: dir, WorkspaceBytes: 32 << 20})
+	sb := computetest.Open(t, p, compute.Spec{Session: id})
+	r := computetest.Sh(t, sb, "cat kept; ls -A; df -k /workspace | tail -1; head -c 8388608 /dev/zero > small && echo small-ok; head -c 67108864 /dev/zero > big; echo exit=$?")
+	if !strings.Contains(r.Stdout, "before the quota") || !strings.Contains(r.Stdout, "small-ok") ||
+		!strings.Contains(r.Stdout, "exit=1") || !strings.Contains(r.Stderr, "No space left on device") {
+		t.Fatalf("stdout %q stderr %q", r.Stdout, r.Stderr)
+	}
+	if strings.Contains(r.Stdout, "lost+found") {
+		t.Errorf("the workspace shows lost+found: %q", r.Stdout)
+	}
+	if ok, err := mounted(ws); err != nil || !ok {
+		t.Fatalf("workspace mounted: %v %v", ok, err)
+	}
+	// The host sees the files through the mount.
+	if b, err := os.ReadFile(filepath.Join(ws, "kept")); err != nil || string(b) != "before the quota\n" {
+		t.Errorf("host reads %q %v", b, err)
+	}
+	// A provider that closes unmounts it; the next one mounts it again.
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := mounted(ws); err != nil || ok {
+		t.Fatalf("workspace still mounted after Close: %v %v", ok, err)
+	}
+	p2 := newTestProvider(t, Config{Dir: dir, WorkspaceBytes: 32 << 20})
+	sb2 := computetest.Open(t, p2, compute.Spec{Session: id, Fence: 2})
+	if got := computetest.ShOK(t, sb2, "cat kept; wc -c < small"); got != "before the quota\n8388608\n" {
+		t.Errorf("after a provider restart the workspace holds %q", got)
+	}
+	if err := sb2.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, string(id))); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Destroy the sandbox directory remains: %v", err)
 	}
 }

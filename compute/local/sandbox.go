@@ -135,6 +135,9 @@ func (m *machine) provisionLocked() error {
 	if err := os.Mkdir(m.workspace, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create workspace: %w", err)
 	}
+	if err := m.p.quota.attach(m.dir, m.workspace); err != nil {
+		return fmt.Errorf("mount the workspace quota: %w", err)
+	}
 	if err := m.p.hostID.own(m.dir, m.workspace); err != nil {
 		return fmt.Errorf("give the workspace to the sandbox host uid: %w", err)
 	}
@@ -512,6 +515,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	if err := m.stopLocked(ctx); err != nil {
 		return err
+	}
+	if err := m.p.quota.detach(m.workspace); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
 	}
 	if err := removeAll(m.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
