@@ -122,8 +122,8 @@ func readTokenFile(path string) (string, error) {
 		return "", fmt.Errorf("vmhost: read token: %w", err)
 	}
 	t := strings.TrimSpace(string(b))
-	if t == "" {
-		return "", fmt.Errorf("vmhost: %s is empty", path)
+	if len(t) < 16 {
+		return "", fmt.Errorf("vmhost: the token in %s is shorter than 16 characters: make one with head -c 24 /dev/urandom | base64 > %s", path, path)
 	}
 	return t, nil
 }
