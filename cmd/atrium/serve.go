@@ -110,6 +110,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			MaxLifetime:  f.Sandbox.MaxLifetime,
 			SaveInterval: f.Sandbox.SaveInterval,
 			MaxFileBytes: f.Sandbox.MaxFileBytes, WorkspaceQuotaBytes: f.Sandbox.WorkspaceQuotaBytes,
+			WorkspaceDiskBytes: f.Sandbox.WorkspaceDiskBytes,
 		},
 		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir},
 		Tracing: server.Tracing{

@@ -307,6 +307,10 @@ type Sandbox struct {
 	// TmpBytes is the size of each local sandbox's /tmp (0: 1 GiB); writes
 	// past it fail with ENOSPC.
 	TmpBytes int64 `yaml:"tmp_bytes"`
+	// WorkspaceDiskBytes, if set, makes each local sandbox's workspace a
+	// file system of that size (a loop-mounted ext4 image; needs root):
+	// writes past it fail with ENOSPC. 0: no quota during turns.
+	WorkspaceDiskBytes int64 `yaml:"workspace_disk_bytes"`
 	// Egress lists the hostnames sandboxes may reach through the node's
 	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
 	// network at all.
@@ -528,6 +532,9 @@ func (f *File) Validate(dev bool) error {
 	}
 	if f.Sandbox.CPUs < 0 {
 		bad("sandbox.cpus", "must be positive (0.5 is half a core; 0 means no limit)")
+	}
+	if f.Sandbox.WorkspaceDiskBytes != 0 && f.Sandbox.WorkspaceDiskBytes < 16<<20 {
+		bad("sandbox.workspace_disk_bytes", "must be at least 16 MiB (16777216), or 0 for no quota")
 	}
 	if f.Sandbox.TmpBytes < 0 {
 		bad("sandbox.tmp_bytes", "must be positive (0: the default, 1 GiB)")

@@ -126,6 +126,9 @@ type Sandbox struct {
 	HostUID int
 	// TmpBytes is the size of each local sandbox's /tmp (local.Config.TmpBytes).
 	TmpBytes int64
+	// WorkspaceDiskBytes is each local sandbox's workspace quota
+	// (local.Config.WorkspaceBytes); zero: none.
+	WorkspaceDiskBytes int64
 	// EgressPermit lists the egress entries a session's owner may add to
 	// its own sandbox (actor.Config.EgressPermit); empty: none.
 	EgressPermit []string
@@ -871,14 +874,15 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 	switch cfg.Sandbox.Provider {
 	case ProviderLocal:
 		p, err := local.New(local.Config{
-			Dir:         filepath.Join(cfg.DataDir, "sandboxes"),
-			Unsafe:      cfg.UnsafeNoSandbox,
-			MemoryBytes: cfg.Sandbox.MemoryBytes,
-			Pids:        cfg.Sandbox.Pids,
-			CPUs:        cfg.Sandbox.CPUs,
-			HostUID:     cfg.Sandbox.HostUID,
-			TmpBytes:    cfg.Sandbox.TmpBytes,
-			Logger:      log,
+			Dir:            filepath.Join(cfg.DataDir, "sandboxes"),
+			Unsafe:         cfg.UnsafeNoSandbox,
+			MemoryBytes:    cfg.Sandbox.MemoryBytes,
+			Pids:           cfg.Sandbox.Pids,
+			CPUs:           cfg.Sandbox.CPUs,
+			HostUID:        cfg.Sandbox.HostUID,
+			TmpBytes:       cfg.Sandbox.TmpBytes,
+			WorkspaceBytes: cfg.Sandbox.WorkspaceDiskBytes,
+			Logger:         log,
 		})
 		if err != nil {
 			return computeWiring{}, fmt.Errorf("local sandboxes: %w", err)
