@@ -253,14 +253,15 @@ func (s *Server) boot(ctx context.Context, v *vm) error {
 	tok := make([]byte, 24)
 	rand.Read(tok)
 	v.token = hex.EncodeToString(tok)
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
-	defer cancel()
 	var tpl *template
 	if !s.cfg.NoSnapshots {
+		// The template is a boot of its own, with a timeout of its own.
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 		var err error
-		if tpl, err = s.template(ctx, v.memMiB); err != nil {
+		if tpl, err = s.template(tctx, v.memMiB); err != nil {
 			s.log.Warn("no snapshot template: booting cold", "memory_mib", v.memMiB, "err", err)
 		}
+		cancel()
 	}
 	disk := filepath.Join(v.dir, "disk.img")
 	var err error
@@ -275,6 +276,8 @@ func (s *Server) boot(ctx context.Context, v *vm) error {
 		return fmt.Errorf("vmhost: workspace disk: %w", err)
 	}
 	v.cloned = tpl != nil
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
+	defer cancel()
 	var lastErr error
 	// A port picked free may be taken before QEMU binds it: try again.
 	for attempt := 0; attempt < 3; attempt++ {
