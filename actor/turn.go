@@ -418,6 +418,10 @@ func (r *runner) result(exit compute.Exit, err error) *turnExited {
 				"the harness could not be run (exit code %d: the command %s); check the session's harness", exit.Code, what)})
 		}
 	}
+	if exit.DiskFull {
+		res.errors = append(res.errors, session.ErrorData{Code: session.CodePayloadTooLarge,
+			Message: "the sandbox's workspace is full (" + exit.Detail + "): delete files, or ask the operator for a larger sandbox.workspace_disk_bytes"})
+	}
 	return res
 }
 

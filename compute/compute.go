@@ -114,8 +114,11 @@ type Exit struct {
 	// or agent vanished, the connection to it broke): the command's fate
 	// is unknown, Code is -1 and Detail says what happened. The next Open
 	// or Exec of the session provisions a fresh sandbox.
-	Lost   bool   `json:"lost,omitempty"`
-	Detail string `json:"detail"` // a human-readable summary, e.g. "killed by SIGKILL"
+	Lost bool `json:"lost,omitempty"`
+	// DiskFull says that the sandbox's workspace quota was full when the
+	// command ended: its writes past it failed with ENOSPC.
+	DiskFull bool   `json:"disk_full,omitempty"`
+	Detail   string `json:"detail"` // a human-readable summary, e.g. "killed by SIGKILL"
 }
 
 // Process is a running command. Stdout and Stderr must be read until EOF

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/atriumhq/atrium/compute"
 )
 
 // workspaceQuota gives each sandbox's workspace a file system of its own, of
@@ -159,4 +161,22 @@ func (q *workspaceQuota) run(name string, args ...string) error {
 		return fmt.Errorf("%s %s: %v: %s", filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// fullBelow is the free space under which a workspace counts as full: less
+// than a block or two is what a write that failed with ENOSPC leaves.
+const fullBelow = 64 << 10
+
+// withFull marks e DiskFull when the workspace's file system is full.
+func (q *workspaceQuota) withFull(workspace string, e compute.Exit) compute.Exit {
+	if q == nil {
+		return e
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(workspace, &st); err != nil || int64(st.Bavail)*int64(st.Bsize) >= fullBelow {
+		return e
+	}
+	e.DiskFull = true
+	e.Detail += fmt.Sprintf("; the workspace quota of %d bytes is full", q.bytes)
+	return e
 }

@@ -52,6 +52,12 @@ func TestSandbox_WorkspaceQuota(t *testing.T) {
 		!strings.Contains(r.Stdout, "exit=1") || !strings.Contains(r.Stderr, "No space left on device") {
 		t.Fatalf("stdout %q stderr %q", r.Stdout, r.Stderr)
 	}
+	if !r.Exit.DiskFull || !strings.Contains(r.Exit.Detail, "quota of 33554432 bytes is full") {
+		t.Errorf("exit %+v: want DiskFull and a detail naming the quota", r.Exit)
+	}
+	if r := computetest.Sh(t, sb, "rm big; echo ok"); r.Exit.DiskFull {
+		t.Errorf("exit after freeing space %+v", r.Exit)
+	}
 	if strings.Contains(r.Stdout, "lost+found") {
 		t.Errorf("the workspace shows lost+found: %q", r.Stdout)
 	}
