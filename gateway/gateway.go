@@ -355,6 +355,7 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("PUT /v1/sessions/{id}/egress", s.authed(s.putEgress))
 	mux.Handle("GET /v1/sessions/{id}/events", s.authed(s.events))
 	mux.Handle("GET /v1/sessions/{id}/ws", s.authed(s.serveWS))
+	mux.Handle("GET /v1/agents", s.authed(s.listAgents))
 	s.fileRoutes(mux) // files.go
 	if cfg.Channels != nil {
 		c, err := s.mountChannels(mux, cfg.Channels)

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"path/filepath"
-
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute/agents"
 )
@@ -12,20 +10,11 @@ import (
 // agents install`, with the session agent homes in <data dir>/agent-homes,
 // launched in cfg.AgentMode (NodeAgents).
 func newNodeAgents(cfg Config) (actor.Agents, error) {
-	dir := cfg.AgentsDir
-	if dir == "" {
-		dir = filepath.Join(cfg.DataDir, agents.DirName)
-	}
 	mode, err := agents.ParseMode(cfg.AgentMode)
 	if err != nil {
 		return nil, err
 	}
-	cat, err := agents.New(agents.Config{
-		Dir:    dir,
-		Homes:  filepath.Join(cfg.DataDir, agents.HomesName),
-		Agents: cfg.Agents,
-		Logger: cfg.Logger,
-	})
+	cat, err := agentCatalog(cfg) // agentlist.go
 	if err != nil {
 		return nil, err
 	}
