@@ -57,12 +57,18 @@ export async function listSessions(opts) {
   return (await request('GET', '/v1/sessions', undefined, opts)).sessions || [];
 }
 
-/** createSession creates a session; harness is a template name. */
-export function createSession(title, harness) {
+/** createSession creates a session; harness is a template name, agent an installed agent's name (one or neither). */
+export function createSession(title, harness, agent) {
   const body = {};
   if (title) body.title = title;
   if (harness) body.harness = harness;
+  if (agent) body.agent = agent;
   return request('POST', '/v1/sessions', body);
+}
+
+/** listAgents returns [{name, version}]: the agents installed on the nodes. */
+export async function listAgents(opts) {
+  return (await request('GET', '/v1/agents', undefined, opts)).agents || [];
 }
 
 /** getSession returns one Session object. */

@@ -35,6 +35,7 @@ export class SessionsPage {
     this.titleInput = h('input', { id: 'new-title', name: 'title', maxLength: 256, autocomplete: 'off', placeholder: 'What are you working on?' });
     this.harness = h('select', { id: 'new-harness', name: 'harness' },
       TEMPLATES.map((t) => h('option', { value: t.name, text: t.label })));
+    this.loadAgents();
     this.createError = h('p', { class: 'error', id: 'create-error', attrs: { role: 'alert' } });
     this.createBtn = h('button', { type: 'submit', class: 'primary', id: 'create', text: 'Create session' });
     const create = h('form', { class: 'create card', id: 'create-form', attrs: { 'aria-labelledby': 'create-h' }, on: { submit: (e) => this.create(e) } },
@@ -63,6 +64,19 @@ export class SessionsPage {
     this.root.replaceChildren(h('section', { class: 'sessions-page' },
       h('h1', { id: 'sessions-h', tabIndex: -1, text: 'Sessions' }),
       create, filters, this.count, this.list));
+  }
+
+  /** loadAgents adds the agents installed on the nodes to the harness menu, as values "agent:NAME". */
+  async loadAgents() {
+    let agents;
+    try {
+      agents = await api.listAgents();
+    } catch (err) {
+      return; // The shell harness still works; the list is tried again on the next visit.
+    }
+    if (this.stopped || !agents.length) return;
+    this.harness.append(h('optgroup', { label: 'Agents (ACP)' },
+      agents.map((a) => h('option', { value: `agent:${a.name}`, text: `${a.name} ${a.version}` }))));
   }
 
   async load() {
@@ -131,7 +145,10 @@ export class SessionsPage {
     this.createError.textContent = '';
     this.createBtn.disabled = true;
     try {
-      const s = await api.createSession(this.titleInput.value.trim(), this.harness.value);
+      const choice = this.harness.value;
+      const s = choice.startsWith('agent:')
+        ? await api.createSession(this.titleInput.value.trim(), '', choice.slice('agent:'.length))
+        : await api.createSession(this.titleInput.value.trim(), choice);
       this.app.navigate(`/s/${encodeURIComponent(s.id)}`);
     } catch (err) {
       if (err.status === 401) return this.app.login();
