@@ -37,6 +37,20 @@ func (s *sessionActor) secretEnv(secrets map[string]session.Secret) []string {
 var errNoSecretKeys = session.Errorf(session.CodeUnavailable,
 	"this server has no secrets key, so it cannot store secrets encrypted: its operator sets secrets.key_file or ATRIUM_SECRETS_KEYS (docs/operations.md)")
 
+// sealLegacy seals, in place, the secrets stored in clear before secrets
+// were encrypted, so that the metadata written next holds no plaintext.
+func sealLegacy(keys *session.SecretKeyring, secrets map[string]session.Secret) {
+	if keys == nil {
+		return
+	}
+	for n, sec := range secrets {
+		if sec.Sealed == "" && sec.Value != "" {
+			sec.Sealed, sec.Value = keys.Seal(n, sec.Value), ""
+			secrets[n] = sec
+		}
+	}
+}
+
 // secretLen is the length of a stored secret's value.
 func (s *sessionActor) secretLen(name string, sec session.Secret) int {
 	if v, err := s.h.cfg.SecretKeys.Open(name, sec); err == nil {
@@ -100,6 +114,7 @@ func (s *sessionActor) opSecretSet(msg *nats.Msg, user string, c *session.Comman
 	if secrets == nil {
 		secrets = map[string]session.Secret{}
 	}
+	sealLegacy(keys, secrets)
 	secrets[c.Name] = session.Secret{Sealed: keys.Seal(c.Name, c.Value), UpdatedAt: session.Time{Time: time.Now().UTC()}, UpdatedBy: user}
 	next.Secrets = secrets
 	s.changeMeta(msg, next, func() session.Reply { return session.Reply{} })
@@ -118,6 +133,7 @@ func (s *sessionActor) opSecretDelete(msg *nats.Msg, c *session.Command) {
 	}
 	secrets := maps.Clone(next.Secrets)
 	delete(secrets, c.Name)
+	sealLegacy(s.h.cfg.SecretKeys, secrets)
 	next.Secrets = secrets
 	s.changeMeta(msg, next, func() session.Reply { return session.Reply{} })
 }

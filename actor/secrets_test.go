@@ -378,3 +378,19 @@ func TestEgressPolicy(t *testing.T) {
 		t.Errorf("meta does not store values: %s", b)
 	}
 }
+
+func TestSealLegacy(t *testing.T) {
+	secrets := map[string]session.Secret{
+		"OLD": {Value: "in clear", UpdatedBy: "alice"},
+		"NEW": {Sealed: testSecretKeys.Seal("NEW", "sealed")},
+	}
+	sealLegacy(testSecretKeys, secrets)
+	if s := secrets["OLD"]; s.Value != "" || s.Sealed == "" || s.UpdatedBy != "alice" {
+		t.Fatalf("OLD %+v", s)
+	}
+	for n, want := range map[string]string{"OLD": "in clear", "NEW": "sealed"} {
+		if v, err := testSecretKeys.Open(n, secrets[n]); err != nil || v != want {
+			t.Errorf("%s: %q %v", n, v, err)
+		}
+	}
+}
