@@ -89,6 +89,9 @@ type runner struct {
 	turn      int64
 	input     []byte // the first stdin line (or, with closeStdin, all of stdin)
 	argv, env []string
+	// tenant and user (the prompter) get a harness turn's model token
+	// (harnessmodels.go).
+	tenant, user string
 	// closeStdin: stdin ends after input (harness "stdin":"text").
 	closeStdin bool
 	// agent is set for a turn of an agent session (agent.go): the turn is
@@ -193,6 +196,11 @@ func (r *runner) execHarness() *turnExited {
 		}
 		r.fence = f
 	}
+	env, endModels, err := r.harnessModels(r.env) // harnessmodels.go
+	if err != nil {
+		return modelsFailed(err)
+	}
+	defer endModels()
 	var proc compute.Process
 	var execSpan trace.Span
 	for attempt := 0; ; attempt++ {
@@ -208,7 +216,7 @@ func (r *runner) execHarness() *turnExited {
 		var err error
 		var ectx context.Context
 		ectx, execSpan = r.h.startSpan(r.ctx, "sandbox.exec", r.id)
-		proc, err = b.sb.Exec(ectx, compute.ExecRequest{Argv: r.argv, Env: r.env})
+		proc, err = b.sb.Exec(ectx, compute.ExecRequest{Argv: r.argv, Env: env})
 		if err != nil {
 			endSpan(execSpan, err)
 			if sandboxGone(err) {
@@ -627,7 +635,7 @@ func (s *sessionActor) maybeStartTurn() {
 		}
 		r := &runner{
 			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
-			input: input, argv: argv, env: env, closeStdin: text,
+			input: input, argv: argv, env: env, closeStdin: text, tenant: s.meta.Tenant, user: t.Prompt.By,
 			grace: s.h.cfg.CancelGrace, timeout: s.h.cfg.TurnTimeout, maxOutput: s.h.cfg.MaxTurnOutput,
 			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
 			credits: make(chan struct{}, outputCredits),
