@@ -89,23 +89,30 @@ type CreateRequest struct {
 	Egress []string
 }
 
-// MarshalJSON encodes the wire form: {"title"?,"harness"?,"egress"?}, the
-// harness as a template name or {"command":[…]}.
+// MarshalJSON encodes the wire form: {"title"?,"harness"?,"agent"?,"egress"?},
+// the harness as a template name, or {"template"|"command","stdin"} when it
+// has a stdin mode, and an agent (Harness.Agent) as "agent".
 func (r CreateRequest) MarshalJSON() ([]byte, error) {
 	body := struct {
 		Title   string   `json:"title,omitempty"`
 		Harness any      `json:"harness,omitempty"`
+		Agent   string   `json:"agent,omitempty"`
 		Egress  []string `json:"egress,omitempty"`
-	}{Title: r.Title, Egress: r.Egress}
+	}{Title: r.Title, Agent: r.Harness.Agent, Egress: r.Egress}
+	h := r.Harness
 	switch {
-	case r.Harness.Template != "" && len(r.Harness.Command) > 0:
+	case h.Template != "" && len(h.Command) > 0:
 		return nil, session.Errorf(session.CodeBadRequest, "harness: give a template or a command, not both")
-	case r.Harness.Template != "":
-		body.Harness = r.Harness.Template
-	case r.Harness.Command != nil:
+	case h.Agent != "" && (h.Template != "" || len(h.Command) > 0):
+		return nil, session.Errorf(session.CodeBadRequest, "harness: give an agent, a template or a command, not several")
+	case h.Template != "" && h.Stdin == "":
+		body.Harness = h.Template
+	case h.Template != "" || h.Command != nil:
 		body.Harness = struct {
-			Command []string `json:"command"`
-		}{r.Harness.Command}
+			Template string   `json:"template,omitempty"`
+			Command  []string `json:"command,omitempty"`
+			Stdin    string   `json:"stdin,omitempty"`
+		}{h.Template, h.Command, h.Stdin}
 	}
 	return json.Marshal(body)
 }

@@ -41,7 +41,8 @@ func fakeAgentInstall(t *testing.T, dir, name, version string) {
 }
 
 // GET /v1/agents lists the agents installed on the node (through the Go
-// client), follows installs made while the server runs, and needs a caller.
+// client), follows installs made while the server runs, and needs a caller;
+// the Go client creates sessions of them.
 func TestAgents_ListInstalled(t *testing.T) {
 	dir := t.TempDir()
 	fakeAgentInstall(t, dir, "claude", "0.23.1")
@@ -80,6 +81,17 @@ func TestAgents_ListInstalled(t *testing.T) {
 	}
 	if want := []session.AgentInfo{{Name: "claude", Version: "0.23.1"}, {Name: "gemini", Version: "0.61.0"}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("agents after installing gemini = %+v, want %+v", got, want)
+	}
+
+	// The client creates agent sessions (it once dropped the agent and
+	// made a shell session): an installed agent is accepted, one that is
+	// not is refused by the node with the install command.
+	if _, err := gc.CreateSession(ctx, gwclient.CreateRequest{Title: "claude", Harness: session.Harness{Agent: "claude"}}); err != nil {
+		t.Fatalf("create a claude session: %v", err)
+	}
+	_, err = gc.CreateSession(ctx, gwclient.CreateRequest{Title: "codex", Harness: session.Harness{Agent: "codex"}})
+	if e := session.AsError(err); err == nil || e.Code != session.CodeBadRequest || !strings.Contains(e.Message, "atrium agents install codex") {
+		t.Fatalf("create a session of an agent that is not installed: %v, want bad_request naming the install", err)
 	}
 
 	req, _ := http.NewRequest(http.MethodGet, st.url+"/v1/agents", nil)
