@@ -193,6 +193,13 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 		h.log.Warn("poll a node lease", "node", node, "err", err)
 		return
 	case msg == nil:
+		// Gone without a trace: nats-server 2.15.2 was seen to expire a
+		// node lease's message without writing the marker that watchers
+		// see. A lease this poll saw before is then over: rescue it.
+		if *rev != 0 {
+			h.claimRescue(ctx, node, *rev)
+			*rev = 0
+		}
 		return
 	case isKVDelete(msg.Header):
 		h.claimRescue(ctx, node, msg.Sequence)
