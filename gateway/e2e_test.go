@@ -44,6 +44,16 @@ func (h histories) Open(ctx context.Context, id session.ID) (actor.History, erro
 
 func (h histories) Remove(ctx context.Context, id session.ID) error { return h.d.Remove(ctx, id) }
 
+// testSecretKeys is a fresh secrets keyring for a test node.
+func testSecretKeys(t testing.TB) *session.SecretKeyring {
+	t.Helper()
+	k, err := session.ParseSecretKeyring(session.NewSecretKeyLine("test"))
+	if err != nil {
+		t.Fatalf("secrets keyring: %v", err)
+	}
+	return k
+}
+
 // startNode runs a real node on ns; Cleanup closes it.
 func startNode(t testing.TB, ns *server.Server, hibernateAfter time.Duration) *actor.Host {
 	t.Helper()
@@ -59,6 +69,7 @@ func startNode(t testing.TB, ns *server.Server, hibernateAfter time.Duration) *a
 		NodeID:         "n1",
 		HibernateAfter: hibernateAfter,
 		CancelGrace:    time.Second,
+		SecretKeys:     testSecretKeys(t),
 		Logger:         quiet,
 	})
 	if err != nil {
