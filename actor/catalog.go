@@ -24,6 +24,7 @@ type catalogWriter struct {
 
 	mu      sync.Mutex
 	pending map[session.ID]*session.CatalogEntry // nil entry = delete; guarded by mu
+	waiters map[session.ID][]func()              // run once id's next write was tried; guarded by mu
 	busy    int                                  // writes taken but not finished; guarded by mu
 	stopped bool                                 // guarded by mu
 	idle    *sync.Cond                           // signalled when pending is empty and busy is 0
@@ -50,6 +51,29 @@ func (c *catalogWriter) put(e session.CatalogEntry) {
 	c.schedule(e.ID, &e)
 }
 
+// putThen schedules writing e, as put, and runs done (on the writer's
+// goroutine) once a write of e or of a newer entry of its session was tried.
+// A reply that must not overtake the catalog (a role change: gateways
+// authorize from the catalog) is sent from done.
+func (c *catalogWriter) putThen(e session.CatalogEntry, done func()) {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		done()
+		return
+	}
+	if c.waiters == nil {
+		c.waiters = map[session.ID][]func(){}
+	}
+	// Under the same lock as the entry, so that done waits for this write
+	// and not for one of an older entry taken meanwhile.
+	c.waiters[e.ID] = append(c.waiters[e.ID], done)
+	e.Members = cloneMembers(e.Members)
+	c.pending[e.ID] = &e
+	c.mu.Unlock()
+	c.kick()
+}
+
 // remove schedules deleting id's entry.
 func (c *catalogWriter) remove(id session.ID) { c.schedule(id, nil) }
 
@@ -57,6 +81,10 @@ func (c *catalogWriter) schedule(id session.ID, e *session.CatalogEntry) {
 	c.mu.Lock()
 	c.pending[id] = e
 	c.mu.Unlock()
+	c.kick()
+}
+
+func (c *catalogWriter) kick() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
@@ -87,7 +115,14 @@ func (c *catalogWriter) run() {
 			c.mu.Lock()
 			c.stopped = true
 			c.idle.Broadcast()
+			left := c.waiters
+			c.waiters = nil
 			c.mu.Unlock()
+			for _, fs := range left {
+				for _, f := range fs {
+					f()
+				}
+			}
 			return
 		}
 	}
@@ -104,9 +139,19 @@ func (c *catalogWriter) writeAll() {
 		}
 		c.pending = map[session.ID]*session.CatalogEntry{}
 		c.busy = len(batch)
+		waiters := map[session.ID][]func(){}
+		for id := range batch {
+			if fs, ok := c.waiters[id]; ok {
+				waiters[id] = fs
+				delete(c.waiters, id)
+			}
+		}
 		c.mu.Unlock()
 		for id, e := range batch {
 			c.write(id, e)
+			for _, f := range waiters[id] {
+				f()
+			}
 		}
 		c.mu.Lock()
 		c.busy = 0
@@ -141,10 +186,18 @@ func cloneMembers(m session.Members) session.Members {
 }
 
 // putCatalog schedules writing the session's catalog entry as it is now.
-func (s *sessionActor) putCatalog() {
+func (s *sessionActor) putCatalog() { s.putCatalogThen(nil) }
+
+// putCatalogThen is putCatalog, and runs done (off the actor) once the entry
+// was written (or its write failed and was logged).
+func (s *sessionActor) putCatalogThen(done func()) {
 	s.catalogAt = time.Now()
 	s.catalogSeq, s.catalogSandbox = s.durable, s.sandboxState
-	s.h.catalog.put(s.catalogEntry(session.StateActive))
+	if done == nil {
+		s.h.catalog.put(s.catalogEntry(session.StateActive))
+		return
+	}
+	s.h.catalog.putThen(s.catalogEntry(session.StateActive), done)
 }
 
 // catalogChanged keeps the catalog entry of an active session fresh while

@@ -381,8 +381,10 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 				respond(msg, errorReply(err))
 				return
 			}
-			s.putCatalog()
-			respond(msg, session.Reply{})
+			// Gateways authorize from the catalog: the reply waits for
+			// the entry with the new role, so that the caller's next
+			// request is judged by it.
+			s.putCatalogThen(func() { respond(msg, session.Reply{}) })
 		})
 }
 
