@@ -34,8 +34,10 @@ type Agents interface {
 	Check(name string) error
 	// Launch returns how to start agent name for session sess, reaching
 	// its models through ep (ep.Token is the process's model token; ep is
-	// zero without a model gateway). It errs like Check.
-	Launch(name string, sess session.ID, ep compute.ModelEndpoints) (AgentLaunch, error)
+	// zero without a model gateway), in the session's permission mode
+	// (session.Harness.PermissionMode; "" for the node's). It errs like
+	// Check.
+	Launch(name string, sess session.ID, ep compute.ModelEndpoints, mode string) (AgentLaunch, error)
 }
 
 // AgentLaunch is how to start one agent process.
@@ -230,6 +232,7 @@ func (h *Host) startAgent(ctx context.Context, b *box, launch AgentLaunch, token
 // agentTurn is what a runner needs to run one turn of an agent session.
 type agentTurn struct {
 	name       string
+	mode       string // the session's permission mode; "" for the node's
 	tenant     string
 	user       string
 	prompt     string
@@ -302,7 +305,7 @@ func (s *sessionActor) agentTurn(t *session.Turn) *agentTurn {
 	id, nc, subj := s.id, s.h.cfg.NATS, s.h.cfg.Subjects.Delta(s.id)
 	log := s.log
 	return &agentTurn{
-		name: s.meta.Harness.Agent, tenant: s.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
+		name: s.meta.Harness.Agent, mode: s.meta.Harness.PermissionMode, tenant: s.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
 		promptSeq: t.Prompt.Seq, acpSession: s.metaNext.AgentSession, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
 		options: map[string][]session.ApprovalOption{},
 		publish: func(d session.DeltaFrame) {

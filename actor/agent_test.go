@@ -56,6 +56,7 @@ type fakeAgents struct {
 	load     bool   // the agent supports session/load
 	mode     string // the session mode to select
 	launches atomic.Int32
+	lastMode atomic.Pointer[string] // the permission mode of the last launch
 }
 
 func (f *fakeAgents) Check(name string) error {
@@ -65,11 +66,12 @@ func (f *fakeAgents) Check(name string) error {
 	return nil
 }
 
-func (f *fakeAgents) Launch(name string, _ session.ID, ep compute.ModelEndpoints) (AgentLaunch, error) {
+func (f *fakeAgents) Launch(name string, _ session.ID, ep compute.ModelEndpoints, mode string) (AgentLaunch, error) {
 	if err := f.Check(name); err != nil {
 		return AgentLaunch{}, err
 	}
 	f.launches.Add(1)
+	f.lastMode.Store(&mode)
 	env := []string{"FAKE_ACP_STATE=/workspace/.fakeacp", "FAKE_TOKEN=" + ep.Token}
 	if f.load {
 		env = append(env, "FAKE_ACP_LOAD=1")

@@ -53,7 +53,7 @@ func (r *runner) execAgent() *turnExited {
 		if h.cfg.Agents == nil {
 			err = session.Errorf(session.CodeBadRequest, "this node runs no agents (no agent catalog is configured)")
 		} else {
-			launch, err = h.cfg.Agents.Launch(a.name, r.id, ep)
+			launch, err = h.cfg.Agents.Launch(a.name, r.id, ep, a.mode)
 		}
 		if err != nil {
 			r.revoke(token)

@@ -27,6 +27,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		Harness session.Harness `json:"harness"`
 		Agent   string          `json:"agent"`
 		Egress  []string        `json:"egress"`
+		// Settings (DESIGN §7): the agent's permission mode.
+		Settings struct {
+			PermissionMode string `json:"permission_mode"`
+		} `json:"settings"`
 	}
 	if err := decodeBody(w, r, &body, true); err != nil {
 		s.fail(w, r, err)
@@ -38,6 +42,9 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 			return
 		}
 		body.Harness.Agent = body.Agent
+	}
+	if m := body.Settings.PermissionMode; m != "" {
+		body.Harness.PermissionMode = m // validated with the harness
 	}
 	if len(body.Title) > session.MaxTitleBytes {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes))

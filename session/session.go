@@ -52,7 +52,19 @@ type Harness struct {
 	// line, then approval answers) or "text" (the prompt alone, then end of
 	// input). Not used with Agent.
 	Stdin string `json:"stdin,omitempty"`
+	// PermissionMode is an agent session's permission mode (DESIGN §6:
+	// PermissionAsk, PermissionAutoEdit or PermissionAuto); "" is the
+	// node's agent_mode. It comes from POST /v1/sessions
+	// {"settings":{"permission_mode"}} and is kept in the Meta.
+	PermissionMode string `json:"permission_mode,omitempty"`
 }
+
+// Permission modes of an agent session (DESIGN §6).
+const (
+	PermissionAsk      = "ask"
+	PermissionAutoEdit = "auto-edit"
+	PermissionAuto     = "auto"
+)
 
 // UnmarshalJSON accepts the wire forms: "shell" or {"command":[…]}.
 func (h *Harness) UnmarshalJSON(b []byte) error {
@@ -101,6 +113,15 @@ func (h Harness) Validate() error {
 	}
 	if h.Agent != "" && !validAgentName(h.Agent) {
 		return Errorf(CodeBadRequest, "harness: agent name %q is not valid (letters, digits, '-' and '_', at most 64)", h.Agent)
+	}
+	switch h.PermissionMode {
+	case "":
+	case PermissionAsk, PermissionAutoEdit, PermissionAuto:
+		if h.Agent == "" {
+			return Errorf(CodeBadRequest, "settings: permission_mode is for agent sessions (give an agent)")
+		}
+	default:
+		return Errorf(CodeBadRequest, `settings: permission_mode must be "ask", "auto-edit" or "auto", not %q`, h.PermissionMode)
 	}
 	switch h.Stdin {
 	case "", HarnessStdinJSON, HarnessStdinText:

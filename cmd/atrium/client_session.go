@@ -22,6 +22,7 @@ func newNewCmd(env *cliEnv) *cobra.Command {
 		command string
 		agent   string
 		stdin   string
+		perm    string
 		egress  []string
 		asJSON  bool
 	)
@@ -45,6 +46,7 @@ across turns.`,
   atrium new --command '["python3","-u","agent.py"]'
   atrium new --egress github.com --egress '*.npmjs.org'
   atrium new --agent claude --title "fix the flaky test"
+  atrium new --agent codex --permission-mode auto
   atrium new --command 'python3 -u summarize.py' --stdin text --json`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -69,6 +71,7 @@ across turns.`,
 				return usageError(cmd, "--stdin applies to a --command or --harness")
 			}
 			req.Harness.Stdin = stdin
+			req.Harness.PermissionMode = perm
 			if err := req.Harness.Validate(); err != nil {
 				return usageError(cmd, "%s", session.AsError(err).Message)
 			}
@@ -97,6 +100,7 @@ across turns.`,
 	f.StringVar(&harness, "harness", "", "harness template name (default: the server's default, 'shell')")
 	f.StringVar(&command, "command", "", `harness command: a JSON array ('["prog","arg"]') or a shell-style string ('prog arg')`)
 	f.StringVar(&agent, "agent", "", "run a coding agent over ACP (claude, codex, gemini, opencode, or one from the server's config)")
+	f.StringVar(&perm, "permission-mode", "", `an agent session's permission mode: "ask", "auto-edit" or "auto" (default: the server's agent_mode)`)
 	f.StringVar(&stdin, "stdin", "", `how a harness gets its turn: "json" (default) or "text" (the prompt alone, then end of input)`)
 	f.BoolVar(&asJSON, "json", false, "print the created session as JSON")
 	return cmd

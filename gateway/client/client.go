@@ -98,8 +98,17 @@ func (r CreateRequest) MarshalJSON() ([]byte, error) {
 		Harness any      `json:"harness,omitempty"`
 		Agent   string   `json:"agent,omitempty"`
 		Egress  []string `json:"egress,omitempty"`
+		// Settings carries Harness.PermissionMode.
+		Settings *struct {
+			PermissionMode string `json:"permission_mode"`
+		} `json:"settings,omitempty"`
 	}{Title: r.Title, Agent: r.Harness.Agent, Egress: r.Egress}
 	h := r.Harness
+	if h.PermissionMode != "" {
+		body.Settings = &struct {
+			PermissionMode string `json:"permission_mode"`
+		}{h.PermissionMode}
+	}
 	switch {
 	case h.Template != "" && len(h.Command) > 0:
 		return nil, session.Errorf(session.CodeBadRequest, "harness: give a template or a command, not both")

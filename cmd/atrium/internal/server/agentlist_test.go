@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/gateway/auth"
 	gwclient "github.com/atriumhq/atrium/gateway/client"
@@ -103,4 +104,42 @@ func TestAgents_ListInstalled(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("GET /v1/agents without a token: %s, want 401", resp.Status)
 	}
+}
+
+// A session's own permission mode reaches the agent's launch (NodeAgents):
+// it overrides the node's, "" keeps the node's, and a bad one is refused;
+// the gateway takes it from POST /v1/sessions {"settings":{…}}.
+func TestAgents_SessionPermissionMode(t *testing.T) {
+	dir := t.TempDir()
+	fakeAgentInstall(t, dir, "gemini", "0.61.0")
+	cat, err := agents.New(agents.Config{Dir: dir, Homes: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	na := server.NodeAgents(cat, agents.ModeAsk)
+	argv := func(mode string) string {
+		t.Helper()
+		l, err := na.Launch("gemini", "s1", compute.ModelEndpoints{Gemini: "http://" + compute.ModelAddr + "/gemini", Token: "t"}, mode)
+		if err != nil {
+			t.Fatalf("launch in mode %q: %v", mode, err)
+		}
+		return strings.Join(l.Argv, " ")
+	}
+	node, auto := argv(""), argv(session.PermissionAuto)
+	if node != argv(session.PermissionAsk) || auto == node {
+		t.Fatalf("argv: node's %q, auto %q: want the session's mode to change it", node, auto)
+	}
+	want, err := cat.Launch("gemini", "s1", compute.ModelEndpoints{Gemini: "http://" + compute.ModelAddr + "/gemini", Token: "t"}, agents.ModeAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto != strings.Join(want.Argv, " ") {
+		t.Fatalf("argv in auto %q, want the catalog's %q", auto, want.Argv)
+	}
+
+	st := startStack(t, func(c *server.Config) { c.AgentsDir = dir })
+	alice := st.as("alice")
+	alice.must(http.StatusCreated, "POST", "/v1/sessions", map[string]any{"agent": "gemini", "settings": map[string]any{"permission_mode": "auto"}}, nil)
+	alice.mustError(http.StatusBadRequest, session.CodeBadRequest, "POST", "/v1/sessions", map[string]any{"agent": "gemini", "settings": map[string]any{"permission_mode": "yolo"}})
+	alice.mustError(http.StatusBadRequest, session.CodeBadRequest, "POST", "/v1/sessions", map[string]any{"settings": map[string]any{"permission_mode": "auto"}})
 }

@@ -30,8 +30,15 @@ func (a catalogAgents) Check(name string) error {
 	return err
 }
 
-func (a catalogAgents) Launch(name string, sess session.ID, ep compute.ModelEndpoints) (actor.AgentLaunch, error) {
-	l, err := a.c.Launch(name, sess, ep, a.mode)
+func (a catalogAgents) Launch(name string, sess session.ID, ep compute.ModelEndpoints, mode string) (actor.AgentLaunch, error) {
+	m := a.mode
+	if mode != "" { // the session's own (session.Harness.PermissionMode)
+		var err error
+		if m, err = agents.ParseMode(mode); err != nil {
+			return actor.AgentLaunch{}, err
+		}
+	}
+	l, err := a.c.Launch(name, sess, ep, m)
 	if err != nil {
 		return actor.AgentLaunch{}, err
 	}
