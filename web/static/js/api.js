@@ -57,12 +57,16 @@ export async function listSessions(opts) {
   return (await request('GET', '/v1/sessions', undefined, opts)).sessions || [];
 }
 
-/** createSession creates a session; harness is a template name, agent an installed agent's name (one or neither). */
-export function createSession(title, harness, agent) {
+/**
+ * createSession creates a session; harness is a template name, agent an installed agent's name (one or neither),
+ * permissionMode an agent session's permission mode ('' for the server's).
+ */
+export function createSession(title, harness, agent, permissionMode) {
   const body = {};
   if (title) body.title = title;
   if (harness) body.harness = harness;
   if (agent) body.agent = agent;
+  if (agent && permissionMode) body.settings = { permission_mode: permissionMode };
   return request('POST', '/v1/sessions', body);
 }
 

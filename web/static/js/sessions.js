@@ -35,6 +35,12 @@ export class SessionsPage {
     this.titleInput = h('input', { id: 'new-title', name: 'title', maxLength: 256, autocomplete: 'off', placeholder: 'What are you working on?' });
     this.harness = h('select', { id: 'new-harness', name: 'harness' },
       TEMPLATES.map((t) => h('option', { value: t.name, text: t.label })));
+    this.permission = h('select', { id: 'new-permission', name: 'permission_mode' },
+      [['', 'ask (the server default)'], ['ask', 'ask before risky actions'], ['auto-edit', 'auto-edit: edits without asking'], ['auto', 'auto: never ask']]
+        .map(([v, t]) => h('option', { value: v, text: t })));
+    this.permissionField = h('div', { class: 'field', hidden: true },
+      h('label', { htmlFor: 'new-permission', text: 'Permissions' }), this.permission);
+    this.harness.addEventListener('change', () => { this.permissionField.hidden = !this.harness.value.startsWith('agent:'); });
     this.loadAgents();
     this.createError = h('p', { class: 'error', id: 'create-error', attrs: { role: 'alert' } });
     this.createBtn = h('button', { type: 'submit', class: 'primary', id: 'create', text: 'Create session' });
@@ -43,6 +49,7 @@ export class SessionsPage {
       h('div', { class: 'create-row' },
         h('div', { class: 'field grow' }, h('label', { htmlFor: 'new-title', text: 'Title' }), this.titleInput),
         h('div', { class: 'field' }, h('label', { htmlFor: 'new-harness', text: 'Harness' }), this.harness),
+        this.permissionField,
         this.createBtn),
       this.createError);
 
@@ -147,7 +154,7 @@ export class SessionsPage {
     try {
       const choice = this.harness.value;
       const s = choice.startsWith('agent:')
-        ? await api.createSession(this.titleInput.value.trim(), '', choice.slice('agent:'.length))
+        ? await api.createSession(this.titleInput.value.trim(), '', choice.slice('agent:'.length), this.permission.value)
         : await api.createSession(this.titleInput.value.trim(), choice);
       this.app.navigate(`/s/${encodeURIComponent(s.id)}`);
     } catch (err) {

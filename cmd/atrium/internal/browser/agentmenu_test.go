@@ -35,6 +35,25 @@ func TestBrowser_AgentMenu(t *testing.T) {
 	}
 	alice.checkA11y("the sessions page with agents")
 
+	// Picking the agent shows its permission mode; the session is created
+	// with both.
+	if !eval[bool](alice, `document.querySelector('#new-permission').closest('.field').hidden`) {
+		t.Fatal("the permission mode shows for the shell harness")
+	}
+	eval[bool](alice, `(() => { const f = window.fetch; window.posted = []; window.fetch = (u, o) => { if (o && o.method === 'POST') window.posted.push(o.body); return f(u, o); }; return true; })()`)
+	alice.do(chromedp.SetValue(chromedp.CSS("#new-harness"), "agent:claude"))
+	eval[bool](alice, `document.querySelector('#new-harness').dispatchEvent(new Event('change'))`)
+	alice.waitJS("the permission mode", `!document.querySelector('#new-permission').closest('.field').hidden`)
+	alice.do(chromedp.SetValue(chromedp.CSS("#new-permission"), "auto"))
+	alice.typeInto("#new-title", "claude on auto")
+	alice.click("#create")
+	alice.waitLive()
+	if got := eval[string](alice, `window.posted ? window.posted.join() : ''`); got != `{"title":"claude on auto","agent":"claude","settings":{"permission_mode":"auto"}}` {
+		t.Fatalf("POST body %s", got)
+	}
+	alice.goTo("/")
+	alice.waitJS("the agent menu again", `!!document.querySelector('#new-harness option[value="agent:claude"]')`)
+
 	if err := os.RemoveAll(filepath.Join(dir, "claude")); err != nil {
 		t.Fatal(err)
 	}
