@@ -26,7 +26,7 @@ func TestBrowser_DevSignInSuggestsCLIUser(t *testing.T) {
 	tb.goTo("/")
 	tb.waitJS("the sign-in form, suggesting carol", `document.querySelector('#user')?.value === 'carol'`)
 	tb.click("#login button[type=submit]")
-	tb.waitJS("carol's session in the list", `document.body.textContent.includes('made with the CLI')`)
+	tb.waitJS("carol's session in the list", `!!document.body && document.body.textContent.includes('made with the CLI')`)
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	for _, p := range tb.problems {
