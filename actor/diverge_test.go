@@ -91,9 +91,9 @@ func TestCluster_DivergedLocalTail(t *testing.T) {
 		t.Fatalf("node b's prompt has seq %d, want %d (the seq node a's lost event has)", rep.Seq, n)
 	}
 	waitTurn(t, e, id, 2)
-	if _, ok := leaseOf(b.host, id); !ok {
-		t.Fatalf("node b does not hold the session: %+v", b.host.Leases())
-	}
+	// Node b served the prompt (the only node up); whether it still holds
+	// the session right after the turn is a race with its 300ms idle
+	// timer, so the checkpoint it writes when it lets go is what proves it.
 	eventually(t, "node b hibernated the session and checkpointed it", func() bool {
 		if _, held := leaseOf(b.host, id); held {
 			return false
