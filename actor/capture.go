@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -104,7 +105,20 @@ func (h *Host) capture(ctx context.Context, msgs []*nats.Msg, guard func() error
 		for _, f := range futures {
 			select {
 			case ack := <-f.Ok():
-				if ack.Duplicate && first && f.Msg().Subject != "" && !strings.HasSuffix(f.Msg().Subject, ".meta") {
+				if ack.Duplicate && f.Msg().Subject != "" && !strings.HasSuffix(f.Msg().Subject, ".meta") {
+					// On a retry the duplicate may be the earlier attempt's,
+					// or another owner's event of that seq (a first attempt
+					// that failed during a leader change): only the same
+					// bytes in the stream count as captured.
+					if !first {
+						if err := h.sameStored(ctx, ack.Sequence, f.Msg().Data); err == nil {
+							top = max(top, ack.Sequence)
+							continue
+						} else if !errors.Is(err, errSeqTaken) {
+							failed, lastErr = append(failed, f.Msg()), err // Not known yet: retried.
+							continue
+						}
+					}
 					return top, fmt.Errorf("capture event %s: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), errSeqTaken)
 				}
 				top = max(top, ack.Sequence)
@@ -131,6 +145,19 @@ func (h *Host) capture(ctx context.Context, msgs []*nats.Msg, guard func() error
 		wait = min(2*wait, captureRetryMax)
 		pending = failed
 	}
+}
+
+// sameStored returns nil if the events stream holds data at sequence seq,
+// errSeqTaken if it holds something else there.
+func (h *Host) sameStored(ctx context.Context, seq uint64, data []byte) error {
+	m, err := h.events.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Errorf("read the duplicate at stream sequence %d: %w", seq, err)
+	}
+	if !bytes.Equal(m.Data, data) {
+		return errSeqTaken
+	}
+	return nil
 }
 
 // captureEvents publishes evs (and m, if not nil) and waits for the stream.
