@@ -120,7 +120,9 @@ func invokeKey(invokeID string) string { return "invoke/" + invokeID }
 // invoke serves POST /v1/sessions/{id}/invoke {"text","client_id"?}: it
 // prompts the session (a driver's right) and streams that prompt's turn as
 // Server-Sent Events, "start", then "stdout", "stderr", "agent",
-// "approval_requested" and "error" as the turn goes, and "exit" when it
+// "approval_requested" and "error" as the turn goes (and, in an agent
+// session, "agent_message", "tool_call", "tool_call_update" and "plan",
+// each with its event's data), and "exit" when it
 // finishes, after which the stream ends. The invoke's id is in the
 // Atrium-Invoke-Id header. Closing the stream before "exit" cancels the
 // turn, running or still queued. Over a cap or quota it answers 429 with
@@ -482,6 +484,7 @@ func (k *invokeSink) event(ev *event) error {
 	}
 	switch ev.kind {
 	case session.KindTurnStarted, session.KindOutput, session.KindAgent, session.KindApprovalRequested, session.KindTurnFinished:
+	case session.KindAgentMessage, session.KindToolCall, session.KindToolCallUpdate, session.KindPlan:
 	case session.KindError:
 		if k.turn == 0 {
 			return nil
@@ -523,7 +526,8 @@ func (k *invokeSink) event(ev *event) error {
 		return k.write(stream, mustJSON(struct {
 			Text string `json:"text"`
 		}{d.Text}))
-	case session.KindAgent, session.KindApprovalRequested:
+	case session.KindAgent, session.KindApprovalRequested,
+		session.KindAgentMessage, session.KindToolCall, session.KindToolCallUpdate, session.KindPlan:
 		return k.write(string(ev.kind), e.Data)
 	case session.KindTurnFinished:
 		if err := k.write("exit", mustJSON(struct {
