@@ -16,7 +16,11 @@ type natsLogger struct{ log *slog.Logger }
 
 var _ natsserver.Logger = natsLogger{}
 
-func (l natsLogger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
+// Noticef logs at debug: the server's notices are its start-up banner and
+// routine news (two dozen lines at every start of `atrium dev`); its
+// warnings and errors, such as JetStream running out of disk, are what an
+// operator must see.
+func (l natsLogger) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
