@@ -51,7 +51,12 @@ when to retry.
 
 With --json, print the invoke's events as JSON lines, {"event":NAME,"data":{…}}:
 start {invoke_id,session,seq,turn}, stdout/stderr {text}, agent {…},
-approval_requested {…}, error {code,message}, exit {exit_code,status,duration_ms}.`,
+approval_requested {…}, error {code,message}, exit {exit_code,status,duration_ms},
+and in an agent session agent_message, tool_call, tool_call_update and plan
+with their events' data.
+
+In an agent session the command prints the agent's final message of the turn
+to stdout, and its earlier messages, tool calls and plans to stderr.`,
 		Example: `  atrium invoke ID 'make test' && echo passed
   atrium invoke ID 'uname -a' > out.txt
   git diff | atrium invoke ID -
@@ -197,6 +202,10 @@ type invokePrinter struct {
 	started chan struct{} // closed at the start event
 	exit    *invokeExit   // set by the exit event
 	reason  string        // the message of the last error event
+	// message is the agent's latest message of the turn, printed to
+	// stdout at exit as the turn's answer; earlier ones go to stderr.
+	message *string
+	agent   agentStream // renders tool calls and plans on stderr
 }
 
 type invokeExit struct {
@@ -250,6 +259,22 @@ func (p *invokePrinter) event(name string, data []byte) (bool, error) {
 		_, err = io.WriteString(p.env.stderr, d.Text)
 	case "agent":
 		_, err = fmt.Fprintln(p.env.stdout, agentSummary(data))
+	case string(session.KindAgentMessage):
+		if p.message != nil {
+			_, err = fmt.Fprintf(p.env.stderr, "agent> %s\n", indent(agentSafe(*p.message), "       "))
+		}
+		text := d.Text
+		p.message = &text
+	case string(session.KindToolCall), string(session.KindToolCallUpdate), string(session.KindPlan):
+		p.agent.agentEvent(p.env.stderr, session.Event{Kind: session.Kind(name), Data: data})
+	case "exit":
+		if p.message != nil {
+			text := agentSafe(*p.message)
+			if !strings.HasSuffix(text, "\n") {
+				text += "\n"
+			}
+			_, err = io.WriteString(p.env.stdout, text)
+		}
 	case "approval_requested":
 		_, err = fmt.Fprintf(p.env.stderr, "approval needed (%s): %s\n  answer with: atrium approve %s %s   (or add --deny)\n", d.ID, d.Summary, p.id, d.ID)
 	case "error":
