@@ -111,7 +111,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	switch c.Op {
 	case session.OpPrompt, session.OpCancel, session.OpApprove, session.OpPROpened:
 		need = session.ActDrive
-	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress:
+	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress, session.OpSettings:
 		need = session.ActManage
 	case session.OpHistory, session.OpInfo:
 	default:
@@ -150,6 +150,8 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 		s.opSecrets(msg)
 	case session.OpEgress:
 		s.opEgress(msg, who, c)
+	case session.OpSettings:
+		s.opSettings(msg, who, c) // settings.go
 	case session.OpPROpened:
 		s.opPROpened(msg, who.User, c)
 	}

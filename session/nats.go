@@ -122,7 +122,17 @@ const (
 	// OpPROpened records that a pull request was opened for the session's
 	// work (driver): PR → ok, once the pr_opened event is durable.
 	OpPROpened Op = "pr_opened"
+	// OpSettings changes the session's title and settings (owner):
+	// Settings → Session. A permission mode takes effect at the agent's
+	// next start.
+	OpSettings Op = "settings"
 )
+
+// SettingsPatch is the change of OpSettings; nil fields stay as they are.
+type SettingsPatch struct {
+	Title          *string `json:"title,omitempty"`
+	PermissionMode *string `json:"permission_mode,omitempty"`
+}
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in
 // the HeaderUser/HeaderTenant headers.
@@ -157,6 +167,8 @@ type Command struct {
 	// Files and Fork are the requests of OpFiles and OpFork (files.go).
 	Files *FilesRequest `json:"files,omitempty"`
 	Fork  *ForkRequest  `json:"fork,omitempty"`
+	// Settings is the change of OpSettings.
+	Settings *SettingsPatch `json:"settings,omitempty"`
 }
 
 // DefaultHistoryMaxBytes keeps a history reply well under NATS's default
