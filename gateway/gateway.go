@@ -343,6 +343,7 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/sessions", s.authed(s.listSessions))
 	mux.Handle("GET /v1/sessions/{id}", s.authed(s.getSession))
 	mux.Handle("DELETE /v1/sessions/{id}", s.authed(s.deleteSession))
+	mux.Handle("PATCH /v1/sessions/{id}", s.authed(s.patchSession)) // settings.go
 	mux.Handle("POST /v1/sessions/{id}/messages", s.authed(s.postMessage))
 	mux.Handle("POST /v1/sessions/{id}/cancel", s.authed(s.cancelTurn))
 	mux.Handle("POST /v1/sessions/{id}/invoke", s.authed(s.invoke))

@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
+// knows.
+var sessionSettingKeys = []string{"permission_mode"}
+
+// patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
+// Session (owner). A title is at most session.MaxTitleBytes and shows in the
+// catalog (GET /v1/sessions) at once; settings.permission_mode ("ask",
+// "auto-edit" or "auto", agent sessions only) takes effect the next time the
+// session's agent is started: a running agent keeps its mode. Unknown
+// settings are refused by name.
+func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	id := session.ID(r.PathValue("id"))
+	var body struct {
+		Title    *string                    `json:"title"`
+		Settings map[string]json.RawMessage `json:"settings"`
+	}
+	if err := decodeBody(w, r, &body, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	patch, err := settingsPatch(body.Title, body.Settings)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reply, err := s.do(r, p, id, session.ActManage, session.Command{Op: session.OpSettings, Settings: patch})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if reply.Session == nil {
+		s.fail(w, r, session.Errorf(session.CodeInternal, "settings reply of session %s has no session", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, reply.Session)
+}
+
+// settingsPatch checks a PATCH body's shape; the node checks the values
+// against the session (an agent's permission mode needs an agent).
+func settingsPatch(title *string, settings map[string]json.RawMessage) (*session.SettingsPatch, error) {
+	var unknown []string
+	for k := range settings {
+		if !slices.Contains(sessionSettingKeys, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return nil, session.Errorf(session.CodeBadRequest, "unknown settings: %s (known: %s)", strings.Join(unknown, ", "), strings.Join(sessionSettingKeys, ", "))
+	}
+	patch := &session.SettingsPatch{Title: title}
+	if title != nil && len(*title) > session.MaxTitleBytes {
+		return nil, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)
+	}
+	if raw, ok := settings["permission_mode"]; ok {
+		var m string
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: permission_mode must be a string: "ask", "auto-edit" or "auto"`)
+		}
+		switch m {
+		case session.PermissionAsk, session.PermissionAutoEdit, session.PermissionAuto:
+		default:
+			return nil, session.Errorf(session.CodeBadRequest, `settings: permission_mode must be "ask", "auto-edit" or "auto", not %q`, m)
+		}
+		patch.PermissionMode = &m
+	}
+	if patch.Title == nil && patch.PermissionMode == nil {
+		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{"permission_mode"}`)
+	}
+	return patch, nil
+}

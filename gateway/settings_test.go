@@ -1,0 +1,77 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// TestPatchSession: the owner renames an agent session and sets its
+// permission mode; the rename shows in GET /v1/sessions and GET
+// /v1/sessions/{id}; drivers and viewers get 403 with the error shape;
+// unknown settings are named in a 400; permission_mode is refused on a
+// session without an agent.
+func TestPatchSession(t *testing.T) {
+	ns := startNATS(t)
+	startAgentNode(t, ns)
+	e := &env{t: t, ns: ns}
+	e.gw, e.srv, e.reg = startGateway(t, ns)
+	create := func(body any) session.Session {
+		t.Helper()
+		code, b := e.call("POST", "/v1/sessions", "alice", body)
+		if code != http.StatusCreated {
+			t.Fatalf("create: %d %s", code, b)
+		}
+		var s session.Session
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := create(map[string]any{"title": "before", "agent": "fake", "settings": map[string]any{"permission_mode": "auto"}})
+	path := "/v1/sessions/" + string(s.ID)
+	e.member(s.ID, "alice", "bob", session.RoleDriver)
+	e.member(s.ID, "alice", "carol", session.RoleViewer)
+
+	for _, who := range []string{"bob", "carol"} {
+		code, body := e.call("PATCH", path, who, `{"title":"mine"}`)
+		if code != http.StatusForbidden || errCode(t, body) != session.CodeForbidden {
+			t.Errorf("%s renames: %d %s", who, code, body)
+		}
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"unknown settings":  {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour"},
+		"unknown field":     {`{"name":"x"}`, `unknown field "name"`},
+		"bad mode":          {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
+		"mode not a string": {`{"settings":{"permission_mode":1}}`, "must be a string"},
+		"long title":        {`{"title":"` + strings.Repeat("t", session.MaxTitleBytes+1) + `"}`, "title is longer than"},
+		"nothing":           {`{}`, `body needs "title"`},
+	} {
+		code, body := e.call("PATCH", path, "alice", c.body)
+		var eb session.ErrorBody
+		if code != http.StatusBadRequest || json.Unmarshal(body, &eb) != nil || eb.Error == nil ||
+			eb.Error.Code != session.CodeBadRequest || !strings.Contains(eb.Error.Message, c.want) {
+			t.Errorf("%s: %d %s, want 400 containing %q", name, code, body, c.want)
+		}
+	}
+	plain := create(map[string]any{"title": "plain"})
+	if code, body := e.call("PATCH", "/v1/sessions/"+string(plain.ID), "alice", `{"settings":{"permission_mode":"ask"}}`); code != http.StatusBadRequest || !strings.Contains(string(body), "agent sessions") {
+		t.Errorf("mode of a session without an agent: %d %s", code, body)
+	}
+
+	code, body := e.call("PATCH", path, "alice", `{"title":"after","settings":{"permission_mode":"ask"}}`)
+	var got session.Session
+	if code != http.StatusOK || json.Unmarshal(body, &got) != nil || got.ID != s.ID || got.Title != "after" || got.Role != session.RoleOwner {
+		t.Fatalf("patch: %d %s", code, body)
+	}
+	if code, body := e.call("GET", path, "bob", nil); code != 200 || !strings.Contains(string(body), `"title":"after"`) {
+		t.Errorf("get after rename: %d %s", code, body)
+	}
+	code, body = e.call("GET", "/v1/sessions", "alice", nil)
+	if code != 200 || !strings.Contains(string(body), `"title":"after"`) || strings.Contains(string(body), `"title":"before"`) {
+		t.Errorf("list after rename: %d %s", code, body)
+	}
+}
