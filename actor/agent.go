@@ -490,7 +490,7 @@ func (s *sessionActor) onSessionNote(n *sessionNote) {
 	}
 	switch {
 	case n.usage != nil:
-		s.emit(session.KindUsage, session.BySystem, mustMarshal(*n.usage), nil)
+		s.recordUsage(*n.usage) // usage.go
 	case n.end != nil:
 		r := s.runner
 		if r == nil || r.turn != n.end.turn {

@@ -593,6 +593,9 @@ func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, 
 	if err != nil {
 		return nil, err
 	}
+	if err := recoverUsage(ctx, hist, &m); err != nil { // usage.go
+		return nil, fmt.Errorf("total usage: %w", err)
+	}
 	res := &openResult{meta: m, last: last, sandbox: session.SandboxNone}
 	if last > 0 {
 		evs, _, err := hist.Range(ctx, last-1, 1, 0)
@@ -1086,6 +1089,7 @@ func catalogEntry(m session.Meta, last session.Seq, state session.State, sb sess
 	return session.CatalogEntry{
 		ID: m.ID, Title: m.Title, Owner: m.Owner, Tenant: m.Tenant, Members: m.Members,
 		CreatedAt: m.CreatedAt, Epoch: m.Epoch, State: state, LastSeq: last, Sandbox: sb,
+		Usage: cloneUsage(m.Usage),
 	}
 }
 
@@ -1101,6 +1105,6 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
 		Sandbox: session.SandboxInfo{State: s.sandboxState}, LastActivity: s.lastActivity,
-		Egress: slices.Clone(s.meta.Egress),
+		Egress: slices.Clone(s.meta.Egress), Usage: cloneUsage(s.meta.Usage),
 	}.WithRole(s.roleOf(p), maps.Clone(s.meta.Members))
 }

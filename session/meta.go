@@ -23,6 +23,10 @@ type Meta struct {
 	// §6 "Agents"), so a new agent process can session/load it after
 	// sleep, hibernation or a takeover; "" before the first agent turn.
 	AgentSession string `json:"agent_session,omitempty"`
+	// Usage is the running sum of the session's usage events up to and
+	// including seq UsageSeq (actor/usage.go); nil before the first.
+	Usage    *UsageTotals `json:"usage,omitempty"`
+	UsageSeq Seq          `json:"usage_seq,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

@@ -37,6 +37,25 @@ type Session struct {
 	// Egress is the session's own egress allowlist (an extension): hosts
 	// its sandbox may reach besides the node's default allowlist.
 	Egress []string `json:"egress,omitempty"`
+	// Usage totals the session's usage events (an extension); absent
+	// while there are none.
+	Usage *UsageTotals `json:"usage,omitempty"`
+}
+
+// UsageTotals sums a session's usage events (UsageData).
+type UsageTotals struct {
+	InputTokens  int64   `json:"input_tokens"`
+	OutputTokens int64   `json:"output_tokens"`
+	CachedTokens int64   `json:"cached_tokens"`
+	CostUSD      float64 `json:"cost_usd"`
+}
+
+// Add adds u to t.
+func (t *UsageTotals) Add(u UsageData) {
+	t.InputTokens += u.InputTokens
+	t.OutputTokens += u.OutputTokens
+	t.CachedTokens += u.CachedTokens
+	t.CostUSD += u.CostUSD
 }
 
 // Harness says what runs once per turn in the sandbox: a named template from
@@ -159,6 +178,8 @@ type CatalogEntry struct {
 	// its history file; "" if unknown (e.g. an entry written at creation).
 	// Gateways activate the session there first (Subjects.PlaceOn).
 	Node string `json:"node,omitempty"`
+	// Usage totals the session's usage events; nil while there are none.
+	Usage *UsageTotals `json:"usage,omitempty"`
 }
 
 // SessionFor returns the Session object as user sees it.
@@ -167,7 +188,7 @@ func (c *CatalogEntry) SessionFor(user string) Session {
 		ID: c.ID, Title: c.Title, Owner: c.Owner, CreatedAt: c.CreatedAt,
 		LastSeq: c.LastSeq, Epoch: c.Epoch, State: c.State,
 		Sandbox: SandboxInfo{State: c.Sandbox}, Role: c.Members.RoleOf(user),
-		LastActivity: c.LastActivity,
+		LastActivity: c.LastActivity, Usage: c.Usage,
 	}
 }
 
