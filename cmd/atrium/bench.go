@@ -15,6 +15,8 @@ import (
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/bench"
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/agents"
+	"github.com/atriumhq/atrium/compute/modelgw"
 )
 
 func newBenchCmd(env *cliEnv) *cobra.Command {
@@ -84,14 +86,25 @@ in docs/benchmarks.md.`,
 			cfg.Progress = env.stderr
 			cfg.Sandboxed = !unsafe
 			cfg.Start = func(ctx context.Context, o bench.ServerOptions) (bench.Server, error) {
-				return server.Start(ctx, server.Config{
+				sc := server.Config{
 					Listen:          "127.0.0.1:0",
 					DataDir:         o.DataDir,
 					HibernateAfter:  o.HibernateAfter,
 					UnsafeNoSandbox: unsafe,
 					DrainGrace:      time.Second, // a benchmark's held turns need not finish
 					Logger:          o.Logger,
-				})
+				}
+				if o.AgentBin != "" {
+					sc.AgentsDir = o.AgentsDir
+					sc.Agents = []agents.Spec{{Name: bench.AgentName, Package: "atrium-bench-scripted-agent", Version: "1.0.0", Bin: "acpagent",
+						Env:             []string{"FAKE_ACP_STATE=/workspace/.fakeacp"},
+						Model:           agents.Model{API: agents.APIAnthropic},
+						PermissionModes: map[agents.Mode]agents.Settings{agents.ModeAsk: {}}}}
+					// The scripted agent never calls its model; launching
+					// it needs a provider of its API family.
+					sc.Models = modelgw.Config{Providers: []modelgw.Provider{{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: "http://127.0.0.1:9", APIKey: "unused"}}}
+				}
+				return server.Start(ctx, sc)
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -151,6 +164,8 @@ in docs/benchmarks.md.`,
 	f.IntVar(&cfg.Sessions, "sessions", bench.DefaultSessions, "sessions hibernated by the memory scenario")
 	f.IntVar(&cfg.ResumeEvents, "resume-events", bench.DefaultResumeEvents, "history length replayed by the resume scenario")
 	f.StringVar(&cfg.PeerCentrifugo, "peer-centrifugo", "", "a Centrifugo v6 server (http://APIKEY@host:port) the resume scenario also replays the same history from")
+	f.StringVar(&cfg.AgentBin, "agent-bin", "", "a scripted ACP agent program (go build ./actor/testdata/acpagent) for the agent scenario")
+	f.IntVar(&cfg.AgentTurns, "agent-turns", bench.DefaultAgentTurns, "warm agent turns timed by the agent scenario")
 	f.StringVar(&cfg.DataDir, "data", "", "directory for the servers' data (default: a temporary directory, removed afterwards)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	f.BoolVar(&unsafe, "unsafe-no-sandbox", false, "run the benchmark harnesses (sleep, true) without bubblewrap")

@@ -37,11 +37,12 @@ const (
 	ScenarioActivation = "activation"
 	ScenarioMemory     = "memory"
 	ScenarioResume     = "resume"
+	ScenarioAgent      = "agent"
 )
 
 // Scenarios returns every scenario name in run order.
 func Scenarios() []string {
-	return []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioActivation, ScenarioMemory, ScenarioResume}
+	return []string{ScenarioFanout, ScenarioAppend, ScenarioWake, ScenarioActivation, ScenarioMemory, ScenarioResume, ScenarioAgent}
 }
 
 // Defaults of Config.
@@ -58,6 +59,7 @@ const (
 	DefaultResumeEvents       = 10000
 	DefaultResumeRuns         = 20
 	DefaultMaxRampSteps       = 7
+	DefaultAgentTurns         = 200
 )
 
 // Server is a running deployment under test. *server.Server implements it.
@@ -76,6 +78,10 @@ type ServerOptions struct {
 	HibernateAfter time.Duration
 	// Logger receives the deployment's logs.
 	Logger *slog.Logger
+	// AgentBin, when set, is a scripted ACP agent program (the protocol of
+	// actor/testdata/acpagent) the deployment offers as the agent
+	// AgentName, installed as <AgentsDir>/AgentName/1.0.0/acpagent.
+	AgentBin, AgentsDir string
 }
 
 // StartFunc starts a fresh deployment listening on loopback with the dev
@@ -140,6 +146,12 @@ type Config struct {
 	Progress io.Writer
 	// Logger receives the servers' logs; nil discards them.
 	Logger *slog.Logger
+	// AgentBin is the scripted ACP agent of the agent scenario
+	// (go build ./actor/testdata/acpagent); without it the scenario is
+	// left out of the default run and fails when asked for.
+	AgentBin string
+	// AgentTurns is the number of warm agent turns timed.
+	AgentTurns int
 }
 
 func (c *Config) fill() error {
@@ -148,6 +160,9 @@ func (c *Config) fill() error {
 	}
 	if len(c.Scenarios) == 0 {
 		c.Scenarios = Scenarios()
+		if c.AgentBin == "" {
+			c.Scenarios = slices.DeleteFunc(c.Scenarios, func(s string) bool { return s == ScenarioAgent })
+		}
 	}
 	for _, s := range c.Scenarios {
 		if !slices.Contains(Scenarios(), s) {
@@ -178,10 +193,11 @@ func (c *Config) fill() error {
 	def(&c.Sessions, DefaultSessions)
 	def(&c.ResumeEvents, DefaultResumeEvents)
 	def(&c.ResumeRuns, DefaultResumeRuns)
+	def(&c.AgentTurns, DefaultAgentTurns)
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
-	for _, v := range []int{c.Watchers, c.Rate, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.ActivationSessions, c.Sessions, c.ResumeEvents, c.ResumeRuns} {
+	for _, v := range []int{c.Watchers, c.Rate, c.Senders, c.WSConns, c.WSWindow, c.WakeSamples, c.ActivationSessions, c.Sessions, c.ResumeEvents, c.ResumeRuns, c.AgentTurns} {
 		if v < 0 {
 			return errors.New("sizes must be positive")
 		}
@@ -319,6 +335,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			res, err = r.memory(ctx)
 		case ScenarioResume:
 			res, err = r.resume(ctx)
+		case ScenarioAgent:
+			res, err = r.agent(ctx)
 		}
 		rep.Results = append(rep.Results, res...)
 		if err != nil {
@@ -360,11 +378,19 @@ func (r *runner) startServer(ctx context.Context, name string, hibernateAfter ti
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("clean data dir: %w", err)
 	}
-	srv, err := r.cfg.Start(ctx, ServerOptions{
+	o := ServerOptions{
 		DataDir:        dir,
 		HibernateAfter: hibernateAfter,
 		Logger:         r.cfg.Logger.With("scenario", name),
-	})
+	}
+	if name == ScenarioAgent {
+		o.AgentBin = r.cfg.AgentBin
+		o.AgentsDir = filepath.Join(dir, "agents")
+		if err := installAgentBin(r.cfg.AgentBin, filepath.Join(o.AgentsDir, AgentName, "1.0.0", "acpagent")); err != nil {
+			return nil, err
+		}
+	}
+	srv, err := r.cfg.Start(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("start server: %w", err)
 	}

@@ -58,7 +58,7 @@ func TestConfig_Fill(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if tc.cfg.Watchers != DefaultWatchers || len(tc.cfg.Scenarios) != len(Scenarios()) || tc.cfg.Duration != DefaultDuration {
+				if tc.cfg.Watchers != DefaultWatchers || len(tc.cfg.Scenarios) != len(Scenarios())-1 || tc.cfg.Duration != DefaultDuration {
 					t.Fatalf("defaults not filled: %+v", tc.cfg)
 				}
 				return

@@ -9,12 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
+	"github.com/atriumhq/atrium/compute/egress"
 )
 
 const childEnv = "ATRIUM_BENCH_TEST_CHILD"
@@ -22,6 +24,11 @@ const childEnv = "ATRIUM_BENCH_TEST_CHILD"
 // TestMain doubles as the memory scenario's watcher process: the test
 // binary re-executes itself with childEnv set.
 func TestMain(m *testing.M) {
+	// Sandboxes reaching the model gateway (the agent scenario) run this
+	// test binary as their forwarder, as they run the atrium binary.
+	if egress.IsForwarder(os.Args) {
+		syscall.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(watcherChildMain())
 	}
