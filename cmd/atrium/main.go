@@ -94,7 +94,7 @@ Start a single-machine server with 'atrium dev', then use the client commands.`,
 		root.AddCommand(c)
 	}
 	root.AddCommand(newSandboxAgentCmd(env))
-	for _, c := range append(clientCommands(env), fileCommands(env)...) { // fileCommands: files.go
+	for _, c := range append(append(clientCommands(env), fileCommands(env)...), settingsCommands(env)...) { // files.go, settings.go
 		if c.GroupID == "" {
 			c.GroupID = "client"
 		}
