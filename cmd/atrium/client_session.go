@@ -225,14 +225,14 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTITLE\tSTATE\tROLE\tLAST SEQ\tCREATED")
+			fmt.Fprintln(tw, "ID\tTITLE\tSTATE\tROLE\tLAST SEQ\tUSAGE\tCREATED")
 			now := time.Now()
 			for _, s := range list {
 				title := oneLine(s.Title, 40)
 				if title == "" {
 					title = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", s.ID, title, s.State, s.Role, s.LastSeq, created(s.CreatedAt, now))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ID, title, s.State, s.Role, s.LastSeq, usageTotals(s.Usage), created(s.CreatedAt, now))
 			}
 			return tw.Flush()
 		},
@@ -241,6 +241,14 @@ func newLsCmd(env *cliEnv) *cobra.Command {
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the session ids, one a line")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sessions as a JSON array")
 	return cmd
+}
+
+// usageTotals formats a session's usage totals for a table: "-" if none.
+func usageTotals(u *session.UsageTotals) string {
+	if u == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d in, %d out, $%.4f", u.InputTokens, u.OutputTokens, u.CostUSD)
 }
 
 // created formats a creation time: local date and minute.
