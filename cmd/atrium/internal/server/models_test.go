@@ -63,6 +63,16 @@ cat <&3 | sed "s/^{/answer: {/"` // (a JSON line with a type would be an agent e
 	if u.Turn != 1 || u.Model != "claude-x" || u.InputTokens == 0 || u.OutputTokens == 0 {
 		t.Fatalf("usage event %+v", u)
 	}
+	// GET /v1/sessions/{id} totals it (issue 16).
+	for deadline := time.Now().Add(waitLong); ; time.Sleep(20 * time.Millisecond) {
+		got := c.get(s.ID).Usage
+		if got != nil && got.InputTokens == u.InputTokens && got.OutputTokens == u.OutputTokens && got.CostUSD == u.CostUSD {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session usage = %+v, want the totals of %+v", got, u)
+		}
+	}
 	// The call is in the audit log, without the prompt or the answer.
 	var entries []audit.Entry
 	deadline := time.Now().Add(waitLong)
