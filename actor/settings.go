@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
@@ -15,7 +16,7 @@ import (
 // mode). A rename is not an event: the title is metadata, like egress.
 func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *session.Command) {
 	p := c.Settings
-	if p == nil || p.Title == nil && p.PermissionMode == nil {
+	if p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, `settings: give "title" or "settings":{"permission_mode"}`)))
 		return
 	}
@@ -48,6 +49,18 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		}
 		next.Harness = h
 	}
+	if d := p.TurnTimeout; d != nil {
+		limit := s.h.cfg.TurnTimeout
+		switch {
+		case *d <= 0:
+			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "settings: turn_timeout must be positive")))
+			return
+		case time.Duration(*d) > limit:
+			respond(msg, errorReply(session.Errorf(session.CodeForbidden, "settings: turn_timeout %v is beyond this server's limit of %v (node.turn_timeout)", time.Duration(*d), limit)))
+			return
+		}
+		next.TurnTimeout = *d
+	}
 	s.metaNext = next
 	s.metaDirty = true
 	s.metaAfter = append(s.metaAfter, func(err error) {
@@ -59,4 +72,13 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		sess := s.sessionFor(who) // on the actor; done runs off it
 		s.putCatalogThen(func() { respond(msg, session.Reply{Session: &sess}) })
 	})
+}
+
+// turnTimeout bounds the session's next turn: its own turn_timeout if it
+// has one within the node's, else the node's.
+func (s *sessionActor) turnTimeout() time.Duration {
+	if d := time.Duration(s.meta.TurnTimeout); d > 0 && d < s.h.cfg.TurnTimeout {
+		return d
+	}
+	return s.h.cfg.TurnTimeout
 }

@@ -64,3 +64,25 @@ func TestHost_Settings(t *testing.T) {
 		t.Fatalf("info after restart: %+v", info)
 	}
 }
+
+// TestHost_SettingsTurnTimeout: a session's own turn_timeout, within the
+// node's, stops its next turn with status timeout; beyond the node's it is
+// forbidden, naming the limit.
+func TestHost_SettingsTurnTimeout(t *testing.T) {
+	e := newEnv(t, withGrace(100*time.Millisecond), func(c *Config) { c.TurnTimeout = time.Minute })
+	id := e.create("alice", shell())
+	d := func(v time.Duration) *int64 { n := int64(v); return &n }
+	rep := e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{TurnTimeout: d(2 * time.Minute)}})
+	wantCode(t, "beyond", rep, session.CodeForbidden, "beyond this server's limit of 1m0s (node.turn_timeout)")
+	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{TurnTimeout: d(-1)}})
+	wantCode(t, "negative", rep, session.CodeBadRequest, "must be positive")
+	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{TurnTimeout: d(300 * time.Millisecond)}})
+	if rep.Error != nil {
+		t.Fatalf("set turn_timeout: %+v", rep.Error)
+	}
+	w := e.watch(id)
+	e.prompt(id, "alice", "trap '' TERM; while :; do sleep 0.05; done")
+	if fin := data[session.TurnFinishedData](t, w.until("turn_finished", finished(1))); fin.Status != session.TurnTimeout {
+		t.Errorf("status = %s, want timeout", fin.Status)
+	}
+}

@@ -636,7 +636,7 @@ func (s *sessionActor) maybeStartTurn() {
 		r := &runner{
 			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
 			input: input, argv: argv, env: env, closeStdin: text, tenant: s.meta.Tenant, user: t.Prompt.By,
-			grace: s.h.cfg.CancelGrace, timeout: s.h.cfg.TurnTimeout, maxOutput: s.h.cfg.MaxTurnOutput,
+			grace: s.h.cfg.CancelGrace, timeout: s.turnTimeout(), maxOutput: s.h.cfg.MaxTurnOutput,
 			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
 			credits: make(chan struct{}, outputCredits),
 		}

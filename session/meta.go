@@ -27,6 +27,9 @@ type Meta struct {
 	// including seq UsageSeq (actor/usage.go); nil before the first.
 	Usage    *UsageTotals `json:"usage,omitempty"`
 	UsageSeq Seq          `json:"usage_seq,omitempty"`
+	// TurnTimeout is the session's own turn timeout in nanoseconds (PATCH
+	// settings.turn_timeout), at most the node's; 0 is the node's.
+	TurnTimeout int64 `json:"turn_timeout_ns,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

@@ -132,6 +132,9 @@ const (
 type SettingsPatch struct {
 	Title          *string `json:"title,omitempty"`
 	PermissionMode *string `json:"permission_mode,omitempty"`
+	// TurnTimeout (nanoseconds) bounds the session's turns from its next
+	// turn; at most the node's turn timeout (else forbidden).
+	TurnTimeout *int64 `json:"turn_timeout_ns,omitempty"`
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in
