@@ -428,6 +428,7 @@ type sessionNote struct {
 	id    session.ID
 	usage *session.UsageData
 	end   *turnEnd
+	say   *turnEnd // an error event for the turn, which goes on
 }
 
 type turnEnd struct {
@@ -451,6 +452,14 @@ func (h *Host) EndTurn(id session.ID, turn int64, code session.Code, message str
 	h.noteSession(&sessionNote{id: id, end: &turnEnd{turn: turn, code: code, message: message}})
 }
 
+// SayError logs an error event with code and message in session id while
+// its turn runs (the model gateway refused a request the agent made: the
+// agent may report only "model not found"); the turn goes on. It never
+// blocks.
+func (h *Host) SayError(id session.ID, turn int64, code session.Code, message string) {
+	h.noteSession(&sessionNote{id: id, say: &turnEnd{turn: turn, code: code, message: message}})
+}
+
 func (h *Host) noteSession(n *sessionNote) {
 	if h.serving.Load() {
 		h.system.Root.Send(h.manager, n)
@@ -464,7 +473,7 @@ func (m *manager) routeNote(ctx proto.Context, n *sessionNote) {
 	}
 	c := m.children[n.id]
 	if c == nil || c.stopping {
-		if n.end != nil {
+		if n.end != nil || n.say != nil {
 			return // No turn runs there.
 		}
 		m.route(ctx, &placeMsg{req: session.PlaceRequest{Op: session.PlaceActivate, Session: n.id}})
@@ -498,6 +507,11 @@ func (s *sessionActor) onSessionNote(n *sessionNote) {
 		}
 		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.end.code, Message: n.end.message}), nil)
 		r.stop(stopRequest{status: session.TurnFailed})
+	case n.say != nil:
+		if r := s.runner; r == nil || r.turn != n.say.turn {
+			return
+		}
+		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.say.code, Message: n.say.message}), nil)
 	}
 }
 

@@ -388,6 +388,12 @@ func TestAgent_Turns(t *testing.T) {
 		if u.Turn != turn || u.InputTokens != 10 {
 			t.Errorf("usage = %+v", u)
 		}
+		// A request the gateway refused is said in the session; the turn goes on.
+		e.host.SayError(id, turn, session.CodeNotFound, `model "x" is not configured`)
+		said := data[session.ErrorData](t, w.until("the refusal", isKind(session.KindError)))
+		if said.Code != session.CodeNotFound || !strings.Contains(said.Message, `model "x"`) {
+			t.Errorf("refusal error = %+v", said)
+		}
 		e.host.EndTurn(id, turn, session.CodeTooManyRequests, "the session is over its budget")
 		fin := data[session.TurnFinishedData](t, w.until("turn_finished", finished(turn)))
 		if fin.Status != session.TurnFailed {

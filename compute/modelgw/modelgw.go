@@ -209,6 +209,11 @@ type Config struct {
 	// OnOverBudget is called when a turn's request is refused for a
 	// budget, once per activation of a token: the node ends the turn.
 	OnOverBudget func(id session.ID, turn int64, reason string)
+	// OnRefused is called when a turn's request names a model or an API
+	// family this node has no provider for, once per activation of a
+	// token: the agent gets the vendor's 404, and the session is told why
+	// (an agent may only say "model not found").
+	OnRefused func(id session.ID, turn int64, message string)
 	// Audit is called once per forwarded call, when it ends.
 	Audit func(AuditEntry)
 	// Now is the clock; default time.Now.

@@ -73,6 +73,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		g.metrics.refused.WithLabelValues("unknown_model").Inc()
 		writeError(w, fam, http.StatusNotFound, err.Error())
+		notify := false
+		g.mu.Lock()
+		if gr := g.tokens[who.token]; gr != nil && !gr.refused {
+			gr.refused, notify = true, true
+		}
+		g.mu.Unlock()
+		if notify && g.cfg.OnRefused != nil {
+			g.cfg.OnRefused(who.session, who.turn, "the model gateway refused the agent's request: "+err.Error())
+		}
 		return
 	}
 	now := g.now()

@@ -3,6 +3,7 @@ package modelgw_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -96,10 +97,25 @@ func TestGateway_UpstreamErrors(t *testing.T) {
 }
 
 func TestGateway_UnknownModel(t *testing.T) {
+	var mu sync.Mutex
+	var said []string
 	r := newRig(t, func(c *modelgw.Config) {
 		c.Providers[0].Models = []string{"claude-x", "claude-y"}
 		c.Providers = c.Providers[:2] // no gemini
+		c.OnRefused = func(id session.ID, turn int64, message string) {
+			mu.Lock()
+			defer mu.Unlock()
+			said = append(said, fmt.Sprintf("%s/%d: %s", id, turn, message))
+		}
 	})
+	defer func() {
+		// The session is told once per activation, naming the model.
+		mu.Lock()
+		defer mu.Unlock()
+		if len(said) != 1 || !strings.HasPrefix(said[0], "s1/1: ") || !strings.Contains(said[0], `model "claude-z" is not configured`) {
+			t.Errorf("OnRefused calls %q, want one naming claude-z", said)
+		}
+	}()
 	tok := r.token(t, "s1", "")
 	resp, body := do(t, "POST", r.url+"/anthropic/v1/messages", `{"model":"claude-z"}`, "x-api-key", tok)
 	if resp.StatusCode != 404 || !strings.Contains(body, `"not_found_error"`) || !strings.Contains(body, `model \"claude-z\" is not configured`) ||

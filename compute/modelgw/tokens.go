@@ -27,6 +27,8 @@ type grant struct {
 	user    string
 	// warned records that OnOverBudget was called for this activation.
 	warned bool
+	// refused records that OnRefused was called for this activation.
+	refused bool
 }
 
 // Issue makes a new token for a session's agent process (or harness turn).
@@ -51,7 +53,7 @@ func (g *Gateway) Activate(token string, turn int64, user string) error {
 	if gr == nil {
 		return ErrUnknownToken
 	}
-	gr.active, gr.turn, gr.user, gr.warned = true, turn, user, false
+	gr.active, gr.turn, gr.user, gr.warned, gr.refused = true, turn, user, false, false
 	return nil
 }
 

@@ -70,6 +70,11 @@ func (s *Server) startModels() error {
 			h.RecordUsage(id, turn, u)
 		}
 	}
+	cfg.OnRefused = func(id session.ID, turn int64, message string) {
+		if h := s.host; h != nil {
+			h.SayError(id, turn, session.CodeNotFound, message)
+		}
+	}
 	cfg.OnOverBudget = func(id session.ID, turn int64, reason string) {
 		if h := s.host; h != nil {
 			h.EndTurn(id, turn, session.CodeTooManyRequests, "model "+reason)
