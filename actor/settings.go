@@ -17,7 +17,7 @@ import (
 func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *session.Command) {
 	p := c.Settings
 	if p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil {
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, `settings: give "title" or "settings":{"permission_mode"}`)))
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, `settings: give "title" or "settings":{"permission_mode","turn_timeout"}`)))
 		return
 	}
 	next := s.metaNext

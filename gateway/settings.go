@@ -5,20 +5,23 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 )
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"permission_mode"}
+var sessionSettingKeys = []string{"permission_mode", "turn_timeout"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
 // catalog (GET /v1/sessions) at once; settings.permission_mode ("ask",
 // "auto-edit" or "auto", agent sessions only) takes effect the next time the
-// session's agent is started: a running agent keeps its mode. Unknown
-// settings are refused by name.
+// session's agent is started: a running agent keeps its mode.
+// settings.turn_timeout (a duration such as "10m") bounds the session's turns
+// from its next turn; beyond the node's turn timeout it is forbidden (403)
+// naming the limit. Unknown settings are refused by name.
 func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
 	var body struct {
@@ -75,8 +78,20 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 		}
 		patch.PermissionMode = &m
 	}
-	if patch.Title == nil && patch.PermissionMode == nil {
-		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{"permission_mode"}`)
+	if raw, ok := settings["turn_timeout"]; ok {
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: turn_timeout must be a duration string such as "10m"`)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: turn_timeout must be a positive duration such as "10m", not %q`, v)
+		}
+		n := int64(d)
+		patch.TurnTimeout = &n
+	}
+	if patch.Title == nil && patch.PermissionMode == nil && patch.TurnTimeout == nil {
+		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{"permission_mode","turn_timeout"}`)
 	}
 	return patch, nil
 }

@@ -43,7 +43,7 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":  {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour"},
+		"unknown settings":  {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: permission_mode, turn_timeout)"},
 		"unknown field":     {`{"name":"x"}`, `unknown field "name"`},
 		"bad mode":          {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
 		"mode not a string": {`{"settings":{"permission_mode":1}}`, "must be a string"},
@@ -62,7 +62,15 @@ func TestPatchSession(t *testing.T) {
 		t.Errorf("mode of a session without an agent: %d %s", code, body)
 	}
 
-	code, body := e.call("PATCH", path, "alice", `{"title":"after","settings":{"permission_mode":"ask"}}`)
+	code, body := e.call("PATCH", path, "alice", `{"settings":{"turn_timeout":"2h"}}`)
+	var eb session.ErrorBody
+	if code != http.StatusForbidden || json.Unmarshal(body, &eb) != nil || eb.Error == nil || !strings.Contains(eb.Error.Message, "limit of 30m0s (node.turn_timeout)") {
+		t.Errorf("turn_timeout beyond the node's: %d %s", code, body)
+	}
+	if code, body := e.call("PATCH", path, "alice", `{"settings":{"turn_timeout":"soon"}}`); code != http.StatusBadRequest {
+		t.Errorf("turn_timeout soon: %d %s", code, body)
+	}
+	code, body = e.call("PATCH", path, "alice", `{"title":"after","settings":{"permission_mode":"ask","turn_timeout":"5m"}}`)
 	var got session.Session
 	if code != http.StatusOK || json.Unmarshal(body, &got) != nil || got.ID != s.ID || got.Title != "after" || got.Role != session.RoleOwner {
 		t.Fatalf("patch: %d %s", code, body)

@@ -30,11 +30,15 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
   permission_mode=MODE    an agent session's permission mode: ask, auto-edit
                           or auto. It takes effect the next time the agent is
                           started (a running agent keeps its mode).
+  turn_timeout=DURATION   how long the session's turns may run, e.g. 10m,
+                          from the next turn; at most the server's
+                          node.turn_timeout.
 
 The server refuses keys it does not know, naming them.`,
 		Example: `  atrium settings ID
   atrium settings ID --set title='release notes'
-  atrium settings ID --set permission_mode=ask`,
+  atrium settings ID --set permission_mode=ask
+  atrium settings ID --set turn_timeout=10m`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var patch client.SessionPatch
@@ -73,10 +77,13 @@ The server refuses keys it does not know, naming them.`,
 			if m, ok := patch.Settings["permission_mode"]; ok {
 				fmt.Fprintf(env.stdout, "permission_mode: %s (from the agent's next start)\n", m)
 			}
+			if d, ok := patch.Settings["turn_timeout"]; ok {
+				fmt.Fprintf(env.stdout, "turn_timeout: %s (from the next turn)\n", d)
+			}
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, permission_mode")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, permission_mode, turn_timeout")
 	conn.register(cmd)
 	return cmd
 }

@@ -23,11 +23,15 @@ func TestCLI_Settings(t *testing.T) {
 	if out := c.ok("settings", id); out != "title: via settings\n" {
 		t.Errorf("settings = %q", out)
 	}
+	if out := c.ok("settings", id, "--set", "turn_timeout=1m"); !strings.Contains(out, "turn_timeout: 1m (from the next turn)") {
+		t.Errorf("settings --set turn_timeout = %q", out)
+	}
 	for args, want := range map[string]string{
 		"--set colour=red":           "unknown settings: colour",
 		"--set permission_mode=ask":  "permission_mode is for agent sessions",
 		"--set permission_mode=yolo": `not "yolo"`,
 		"--set nokey":                "want KEY=VALUE",
+		"--set turn_timeout=48h":     "beyond this server's limit",
 	} {
 		if _, _, err := c.run(cliContext(t), nil, append([]string{"settings", id}, strings.Fields(args)...)...); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("settings %s: %v, want %q", args, err, want)
