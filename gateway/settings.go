@@ -46,6 +46,9 @@ func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.
 		s.fail(w, r, session.Errorf(session.CodeInternal, "settings reply of session %s has no session", id))
 		return
 	}
+	// The node wrote the catalog before it replied; read it into this
+	// gateway's cache so the caller's next list shows the new title.
+	s.refreshCatalog(r.Context(), id)
 	writeJSON(w, http.StatusOK, reply.Session)
 }
 

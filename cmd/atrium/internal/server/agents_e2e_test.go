@@ -167,6 +167,26 @@ func TestServer_ClaudeAgent(t *testing.T) {
 		}
 	}
 
+	// Claude Code writes its transcript into the agent home after it
+	// answers; a server stopped before that gets a re-hydrated agent (the
+	// designed fallback, seen once in CI when the restart came 130 ms after
+	// the turn). This test is about load, so it restarts once the transcript
+	// holds turn 1's answer.
+	home := filepath.Join(cfg.DataDir, "agent-homes", string(s.ID))
+	eventuallyTrue(t, 60*time.Second, "claude's transcript in "+home+" to hold turn 1's answer", func() bool {
+		found := false
+		filepath.WalkDir(home, func(p string, d os.DirEntry, err error) error {
+			if err != nil || found || d.IsDir() || !strings.HasSuffix(p, ".jsonl") {
+				return nil
+			}
+			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("I wrote hello.txt for you.")) {
+				found = true
+			}
+			return nil
+		})
+		return found
+	})
+
 	// The server restarts: the second prompt goes to a new agent process,
 	// which continues the conversation (session/load, or re-hydration).
 	stop(st)
@@ -271,5 +291,17 @@ func TestServer_Agents(t *testing.T) {
 				t.Errorf("%d scripted replies were not asked for", up.Pending())
 			}
 		})
+	}
+}
+
+// eventuallyTrue polls cond until it holds or the deadline passes.
+func eventuallyTrue(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
