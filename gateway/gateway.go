@@ -54,6 +54,9 @@ const (
 	// DefaultPresenceTTL is how long another gateway's list of watchers
 	// counts without being refreshed.
 	DefaultPresenceTTL = 30 * time.Second
+	// DefaultTypingTTL is how long a WebSocket's typing frame marks its
+	// watcher as typing in presence; clients repeat it while typing.
+	DefaultTypingTTL = 6 * time.Second
 	// DefaultTokenRecheck is how often the API token of an open WebSocket
 	// or SSE stream is checked again: a connection whose token was revoked
 	// or has expired is closed within this time (plus the token cache's
@@ -121,6 +124,8 @@ type Config struct {
 	// DefaultPresenceInterval and DefaultPresenceTTL.
 	PresenceInterval time.Duration
 	PresenceTTL      time.Duration
+	// TypingTTL is how long a typing frame counts; default DefaultTypingTTL.
+	TypingTTL time.Duration
 	// TokenRecheck is how often connections opened with an API token check
 	// it again; default DefaultTokenRecheck.
 	TokenRecheck time.Duration
@@ -177,6 +182,7 @@ type Server struct {
 	writeTimeout  time.Duration
 	heartbeat     time.Duration
 	presenceEvery time.Duration
+	typingTTL     time.Duration
 	presenceTTL   time.Duration
 	tokenRecheck  time.Duration
 	log           *slog.Logger
@@ -255,6 +261,7 @@ func New(cfg Config) (*Server, error) {
 		heartbeat:     cfg.Heartbeat,
 		presenceEvery: cfg.PresenceInterval,
 		presenceTTL:   cfg.PresenceTTL,
+		typingTTL:     cfg.TypingTTL,
 		tokenRecheck:  cfg.TokenRecheck,
 		log:           cfg.Logger,
 		access:        cfg.AccessLog,
@@ -281,6 +288,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.presenceTTL <= 0 {
 		s.presenceTTL = DefaultPresenceTTL
+	}
+	if s.typingTTL <= 0 {
+		s.typingTTL = DefaultTypingTTL
 	}
 	if s.tokenRecheck <= 0 {
 		s.tokenRecheck = DefaultTokenRecheck
@@ -460,6 +470,8 @@ func (s *Server) maintain() {
 	defer presence.Stop()
 	heartbeat := time.NewTicker(s.heartbeat)
 	defer heartbeat.Stop()
+	typing := time.NewTicker(s.typingTTL / 4)
+	defer typing.Stop()
 	debounce := time.NewTimer(presenceDebounce)
 	defer debounce.Stop()
 	debounce.Stop()
@@ -480,6 +492,8 @@ func (s *Server) maintain() {
 			s.hub.refreshPresence(now)
 		case <-heartbeat.C:
 			s.hub.heartbeat()
+		case now := <-typing.C:
+			s.hub.expireTyping(now)
 		}
 	}
 }

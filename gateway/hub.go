@@ -39,6 +39,9 @@ type watcher struct {
 	// durable agent_message the replay has written already.
 	live atomic.Bool
 	q    queue
+	// typing is until when the watcher's user is typing a prompt; zero
+	// when not. Guarded by the mu of the watcher's topic.
+	typing time.Time
 }
 
 func (s *Server) newWatcher(user string, sse bool) *watcher {
@@ -73,6 +76,7 @@ type hub struct {
 	topics map[session.ID]*topic         // guarded by mu
 	subs   map[*nats.Subscription]*topic // guarded by mu
 	dirty  map[*topic]struct{}           // guarded by mu: presence to flush
+	typing map[*topic]struct{}           // guarded by mu: topics with a watcher typing
 }
 
 // topic is one session watched from this gateway.
@@ -106,6 +110,7 @@ func newHub(s *Server) *hub {
 		topics: make(map[session.ID]*topic),
 		subs:   make(map[*nats.Subscription]*topic),
 		dirty:  make(map[*topic]struct{}),
+		typing: make(map[*topic]struct{}),
 	}
 }
 
@@ -247,6 +252,7 @@ func (h *hub) unsubscribeLocked(t *topic) {
 	delete(h.subs, t.prSub)
 	delete(h.subs, t.dlSub)
 	delete(h.dirty, t)
+	delete(h.typing, t)
 	_ = t.evSub.Unsubscribe()
 	_ = t.prSub.Unsubscribe()
 	_ = t.dlSub.Unsubscribe()
@@ -469,7 +475,7 @@ func (t *topic) onPresence(pm session.PresenceMessage, now time.Time) (flush boo
 func (t *topic) localPresenceLocked(gateway string) []byte {
 	pm := session.PresenceMessage{Gateway: gateway, Watchers: make([]session.Watcher, 0, len(t.watchers))}
 	for w := range t.watchers {
-		pm.Watchers = append(pm.Watchers, session.Watcher{User: w.user, Conn: w.conn, Since: w.since})
+		pm.Watchers = append(pm.Watchers, w.presenceLocked())
 	}
 	sortWatchers(pm.Watchers)
 	b, _ := json.Marshal(pm) // plain strings and times always encode.
@@ -481,7 +487,7 @@ func (t *topic) localPresenceLocked(gateway string) []byte {
 func (t *topic) sendPresenceLocked(s *Server) {
 	var all []session.Watcher
 	for w := range t.watchers {
-		all = append(all, session.Watcher{User: w.user, Conn: w.conn, Since: w.since})
+		all = append(all, w.presenceLocked())
 	}
 	for _, rp := range t.remote {
 		all = append(all, rp.watchers...)
@@ -496,6 +502,82 @@ func (t *topic) sendPresenceLocked(s *Server) {
 	}
 	t.presence = frame
 	t.broadcastLocked(s, out{frame: frame}, false)
+}
+
+// presenceLocked returns w as presence lists it; the topic's mu is held.
+func (w *watcher) presenceLocked() session.Watcher {
+	return session.Watcher{User: w.user, Conn: w.conn, Since: w.since, Typing: !w.typing.IsZero()}
+}
+
+// setTyping marks w, a watcher of session id, as typing until until (the
+// zero time: not typing). Only a change between typing and not is sent as
+// presence, so a client repeating its typing frame costs no frames.
+func (h *hub) setTyping(id session.ID, w *watcher, until time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.topics[id]
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	_, ok := t.watchers[w]
+	changed := ok && w.typing.IsZero() != until.IsZero()
+	if ok {
+		w.typing = until
+		if changed {
+			t.publish = true
+		}
+		if !until.IsZero() {
+			h.typing[t] = struct{}{}
+		}
+	}
+	t.mu.Unlock()
+	if changed {
+		h.dirty[t] = struct{}{}
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// expireTyping ends the typing of watchers whose typing frame is older than
+// the typing TTL.
+func (h *hub) expireTyping(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kick := false
+	for t := range h.typing {
+		t.mu.Lock()
+		left, changed := false, false
+		for w := range t.watchers {
+			switch {
+			case w.typing.IsZero():
+			case !now.Before(w.typing):
+				w.typing = time.Time{}
+				changed = true
+			default:
+				left = true
+			}
+		}
+		if changed {
+			t.publish = true
+		}
+		t.mu.Unlock()
+		if !left {
+			delete(h.typing, t)
+		}
+		if changed {
+			h.dirty[t] = struct{}{}
+			kick = true
+		}
+	}
+	if kick {
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func sortWatchers(ws []session.Watcher) {

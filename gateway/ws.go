@@ -40,7 +40,8 @@ type wsConn struct {
 	events []byte
 
 	// Owned by the reader goroutine.
-	cmds *commander // nil until the first command
+	cmds   *commander // nil until the first command
+	typing time.Time  // when the last typing frame was taken; zero after a prompt
 }
 
 // serveWS serves GET /v1/sessions/{id}/ws?after=N.
@@ -303,15 +304,24 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 	}
 	cid := clientID(f.ClientID)
 	switch f.Type {
-	case session.FramePrompt, session.FrameCancel, session.FrameApprove:
+	case session.FramePrompt, session.FrameCancel, session.FrameApprove, session.FrameTyping:
 	default:
 		c.reply(errorFrame(session.Errorf(session.CodeBadRequest,
-			"unknown frame type %q: want prompt, cancel or approve", f.Type), cid))
+			"unknown frame type %q: want prompt, cancel, approve or typing", f.Type), cid))
 		return
 	}
 	if err := session.Authorize(c.w.getRole(), session.ActDrive); err != nil {
 		c.s.auditDenied(c.s.ctx, c.remote, c.p, c.id, f.Type+" frame", c.access.entry, err)
 		c.reply(errorFrame(err, cid))
+		return
+	}
+	if f.Type == session.FrameTyping {
+		// Rate limit: a frame within a quarter of the TTL of the last one
+		// taken changes nothing and is dropped unanswered.
+		if now := time.Now(); now.Sub(c.typing) >= c.s.typingTTL/4 {
+			c.typing = now
+			c.s.hub.setTyping(c.id, c.w, now.Add(c.s.typingTTL))
+		}
 		return
 	}
 	var cmd session.Command
@@ -328,6 +338,10 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 			return
 		}
 		cmd = session.Command{Op: session.OpPrompt, Text: f.Text, ClientID: f.ClientID}
+		if !c.typing.IsZero() {
+			c.typing = time.Time{}
+			c.s.hub.setTyping(c.id, c.w, time.Time{}) // the prompt is what was being typed
+		}
 	case session.FrameCancel:
 		cmd = session.Command{Op: session.OpCancel}
 	case session.FrameApprove:

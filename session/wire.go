@@ -29,6 +29,12 @@ const (
 	FramePrompt  = "prompt"
 	FrameCancel  = "cancel"
 	FrameApprove = "approve"
+	// FrameTyping says the sender (a driver) is typing a prompt. It is
+	// repeated while typing, counts for the gateway's typing TTL, and shows
+	// as "typing":true on the sender's watcher in presence frames. A prompt
+	// ends it. An addition to DESIGN §7: old clients never send it and
+	// ignore the new field.
+	FrameTyping = "typing"
 )
 
 // You is the caller in a hello frame.
@@ -78,6 +84,9 @@ type Watcher struct {
 	User  string `json:"user"`
 	Conn  string `json:"conn"`
 	Since Time   `json:"since"`
+	// Typing is set while the watcher's connection is typing a prompt
+	// (FrameTyping); omitted otherwise.
+	Typing bool `json:"typing,omitempty"`
 }
 
 // PresenceFrame lists who is watching now.
