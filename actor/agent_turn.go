@@ -25,7 +25,7 @@ import (
 func (r *runner) execAgent() *turnExited {
 	a, b, h := r.agent, r.box, r.h
 	if r.fence == 0 {
-		f, err := h.acquireFence(r.ctx, r.id)
+		f, err := h.leaseFence(r.id)
 		if err != nil {
 			msg := "the sandbox could not be provisioned: " + err.Error()
 			r.note("", "", &session.ErrorData{Code: session.CodeUnavailable, Message: msg})

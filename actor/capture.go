@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -32,12 +31,6 @@ import (
 
 // captureTimeout bounds the wait for one PubAck before it is retried.
 const captureTimeout = 5 * time.Second
-
-// Backoff between capture attempts.
-const (
-	captureRetryMin = 20 * time.Millisecond
-	captureRetryMax = time.Second
-)
 
 // msgID is the Nats-Msg-Id of event seq of a session with epoch.
 func msgID(epoch string, seq session.Seq) string {
@@ -72,92 +65,12 @@ func randomHex() string {
 // errSeqTaken means the stream already held an event under the Msg-Id of
 // one this node published for the first time: another owner wrote that seq
 // (this node lost its lease, or its file diverged from the stream).
-var errSeqTaken = errors.New("the events stream already holds another event with this seq")
-
-// capture publishes msgs to the events stream and waits until every one is
-// stored, retrying the ones that failed with backoff until ctx ends. guard
-// runs before every attempt: an error from it (the lease may be lost) ends
-// the capture before anything more is published. It
-// returns the highest stream sequence stored. A retry may store a message
-// after one that followed it; replay orders events by seq. A message the
-// stream reports as a duplicate on its first attempt fails the capture with
-// errSeqTaken (on a retry, the duplicate is the earlier attempt's).
-func (h *Host) capture(ctx context.Context, msgs []*nats.Msg, guard func() error) (uint64, error) {
-	var top uint64
-	pending := msgs
-	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
-	wait := captureRetryMin
-	for first := true; ; first = false {
-		futures = futures[:0]
-		if err := guard(); err != nil {
-			return top, fmt.Errorf("capture events: %w", err)
-		}
-		var failed []*nats.Msg
-		var lastErr error
-		for i, m := range pending {
-			f, err := h.js.PublishMsgAsync(m)
-			if err != nil {
-				failed, lastErr = append(failed, pending[i:]...), err
-				break
-			}
-			futures = append(futures, f)
-		}
-		for _, f := range futures {
-			select {
-			case ack := <-f.Ok():
-				if ack.Duplicate && f.Msg().Subject != "" && !strings.HasSuffix(f.Msg().Subject, ".meta") {
-					// On a retry the duplicate may be the earlier attempt's,
-					// or another owner's event of that seq (a first attempt
-					// that failed during a leader change): only the same
-					// bytes in the stream count as captured.
-					if !first {
-						if err := h.sameStored(ctx, ack.Sequence, f.Msg().Data); err == nil {
-							top = max(top, ack.Sequence)
-							continue
-						} else if !errors.Is(err, errSeqTaken) {
-							failed, lastErr = append(failed, f.Msg()), err // Not known yet: retried.
-							continue
-						}
-					}
-					return top, fmt.Errorf("capture event %s: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), errSeqTaken)
-				}
-				top = max(top, ack.Sequence)
-			case err := <-f.Err():
-				failed, lastErr = append(failed, f.Msg()), err
-			case <-ctx.Done():
-				return top, fmt.Errorf("capture events: %w (last error: %v)", context.Cause(ctx), lastErr)
-			}
-		}
-		if len(failed) == 0 {
-			return top, nil
-		}
-		if ctx.Err() != nil {
-			return top, fmt.Errorf("capture events: %w", lastErr)
-		}
-		h.log.Debug("capture events: retrying", "messages", len(failed), "err", lastErr)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return top, fmt.Errorf("capture events: %w (last error: %v)", context.Cause(ctx), lastErr)
-		}
-		wait = min(2*wait, captureRetryMax)
-		pending = failed
-	}
-}
+var errSeqTaken = ajs.ErrSeqTaken
 
 // sameStored returns nil if the events stream holds data at sequence seq,
 // errSeqTaken if it holds something else there.
 func (h *Host) sameStored(ctx context.Context, seq uint64, data []byte) error {
-	m, err := h.events.GetMsg(ctx, seq)
-	if err != nil {
-		return fmt.Errorf("read the duplicate at stream sequence %d: %w", seq, err)
-	}
-	if !bytes.Equal(m.Data, data) {
-		return errSeqTaken
-	}
-	return nil
+	return h.events.SameStored(ctx, seq, data)
 }
 
 // captureEvents publishes evs (and m, if not nil) and waits for the stream.
@@ -171,19 +84,15 @@ func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, e
 	if m != nil {
 		msgs = append(msgs, h.metaMsg(m))
 	}
-	return h.capture(ctx, msgs, func() error { return h.mayWrite(id) })
+	return h.events.Capture(ctx, msgs, func() error { return h.mayWrite(id) })
 }
 
 // streamLast is the newest message of a subject in the events stream; nil
-// when there is none. It reads from the stream's leader (see leaderLast): a
-// replica that lags could name an older message, and a takeover that
-// believed it would trust a history that misses acknowledged events.
+// when there is none. It reads from the stream's leader: a replica that lags
+// could name an older message, and a takeover that believed it would trust a
+// history that misses acknowledged events.
 func (h *Host) streamLast(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
-	msg, err := h.leaderLast(ctx, h.cfg.Subjects.EventsStream(), subject)
-	if err != nil {
-		return nil, fmt.Errorf("read the events stream: %w", err)
-	}
-	return msg, nil
+	return h.events.Last(ctx, subject)
 }
 
 // seqOf reads the seq of an encoded event.
@@ -211,7 +120,7 @@ func isControl(h nats.Header) bool { return h != nil && h.Get(session.HeaderCont
 func (h *Host) forget(ctx context.Context, id session.ID) error {
 	var errs []error
 	for _, subj := range []string{h.cfg.Subjects.Events(id), h.cfg.Subjects.Meta(id)} {
-		if err := h.events.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		if err := h.events.Purge(ctx, subj); err != nil {
 			errs = append(errs, fmt.Errorf("purge %s from the events stream: %w", subj, err))
 		}
 	}

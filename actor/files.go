@@ -687,7 +687,7 @@ func (h *Host) applyFileOp(ctx context.Context, id session.ID, b *box, fence int
 		return nil, nil, nil, err
 	}
 	if fence == 0 {
-		if fence, err = h.acquireFence(ctx, id); err != nil {
+		if fence, err = h.leaseFence(id); err != nil {
 			return nil, nil, nil, err
 		}
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
@@ -230,9 +231,9 @@ type Host struct {
 	managerStopped chan struct{}
 
 	kv      jetstream.KeyValue
-	owners  jetstream.KeyValue // ownership leases (lease.go)
+	owners  OwnerStore // ownership leases (lease.go, cluster.go)
 	js      jetstream.JetStream
-	events  jetstream.Stream // captures events and metadata (capture.go)
+	events  EventStore // captures events and metadata (capture.go, cluster.go)
 	catalog *catalogWriter
 	boxes   *sandboxes
 	agents  agentSet // the agent processes' goroutines (agent.go)
@@ -414,16 +415,20 @@ func (h *Host) Start(ctx context.Context) error {
 		return fmt.Errorf("start host: %w", err)
 	}
 	h.kv = kv
-	if h.owners, err = RetryStartup(ctx, h.log, "open the owners bucket", func(ctx context.Context) (jetstream.KeyValue, error) {
+	owners, err := RetryStartup(ctx, h.log, "open the owners bucket", func(ctx context.Context) (jetstream.KeyValue, error) {
 		return openOwners(ctx, js, &h.cfg)
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
-	if h.events, err = RetryStartup(ctx, h.log, "open the events stream", func(ctx context.Context) (jetstream.Stream, error) {
+	h.owners = ajs.NewOwners(h.cfg.NATS, js, owners, h.cfg.Subjects.OwnersBucket())
+	events, err := RetryStartup(ctx, h.log, "open the events stream", func(ctx context.Context) (jetstream.Stream, error) {
 		return openEvents(ctx, js, &h.cfg)
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("start host: %w", err)
 	}
+	h.events = ajs.NewEvents(h.cfg.NATS, js, events, h.cfg.Subjects.EventsStream(), h.log)
 	h.node = &nodeLease{h: h, key: session.NodeLeaseKey(h.cfg.NodeID)}
 	if _, err := RetryStartup(ctx, h.log, "take the node lease", func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, h.node.acquire(ctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -167,14 +168,14 @@ func (n *nodeLease) acquire(ctx context.Context) error {
 	now := time.Now()
 	inc := session.NewEpoch()
 	val, _ := json.Marshal(session.Lease{Node: n.h.cfg.NodeID, Inc: inc, Acquired: session.Time{Time: now.UTC()}})
-	rev, err := n.h.owners.Create(ctx, n.key, val, jetstream.KeyTTL(ttl))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		var cur *jetstream.RawStreamMsg
-		if cur, err = n.h.ownersLatest(ctx, n.key); err == nil {
+	rev, err := n.h.owners.Create(ctx, n.key, val, ttl)
+	if errors.Is(err, ajs.ErrExists) {
+		var cur *ajs.Record
+		if cur, err = n.h.owners.Latest(ctx, n.key); err == nil {
 			if cur == nil {
-				rev, err = n.h.owners.Create(ctx, n.key, val, jetstream.KeyTTL(ttl))
+				rev, err = n.h.owners.Create(ctx, n.key, val, ttl)
 			} else {
-				rev, err = n.h.ownersWrite(ctx, n.key, val, cur.Sequence, ttl)
+				rev, err = n.h.owners.Swap(ctx, n.key, val, cur.Rev, ttl)
 			}
 		}
 	}
@@ -224,12 +225,12 @@ func (n *nodeLease) run(stop <-chan struct{}) {
 			continue
 		}
 		ctx, cancel := context.WithDeadline(n.h.ctx, deadline)
-		next, err := n.h.ownersWrite(ctx, n.key, val, rev, ttl)
+		next, err := n.h.owners.Swap(ctx, n.key, val, rev, ttl)
 		if isWrongLastSeq(err) {
 			// A retry of a renewal whose reply was lost, or the key expired
 			// and someone wrote it.
-			if cur, gerr := n.h.ownersLatest(ctx, n.key); gerr == nil && cur != nil && string(cur.Data) == string(val) {
-				next, err = cur.Sequence, nil
+			if cur, gerr := n.h.owners.Latest(ctx, n.key); gerr == nil && cur != nil && !cur.Deleted && string(cur.Value) == string(val) {
+				next, err = cur.Rev, nil
 			}
 		}
 		cancel()
@@ -282,7 +283,7 @@ func (n *nodeLease) release(ctx context.Context) {
 	if inc == "" {
 		return
 	}
-	if err := n.h.owners.Delete(ctx, n.key, jetstream.LastRevision(rev)); err != nil {
+	if _, err := n.h.owners.Delete(ctx, n.key, rev); err != nil {
 		n.h.log.Warn("release node lease", "err", err)
 	}
 }
@@ -351,15 +352,15 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 		// Ours was the last write to the key (the delete marker of our
 		// release): one compare-and-set takes it back, and proves nobody
 		// held it since.
-		if rev, err = h.owners.Update(ctx, l.key, val, prev.marker); err == nil {
+		if rev, err = h.owners.Swap(ctx, l.key, val, prev.marker, 0); err == nil {
 			l.continued = true
 			l.checkpointed.Store(prev.checkpointed)
 		}
 	}
 	if !l.continued {
-		rev, err = h.owners.Create(ctx, l.key, val)
+		rev, err = h.owners.Create(ctx, l.key, val, 0)
 	}
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	if errors.Is(err, ajs.ErrExists) {
 		rev, err = h.takeOver(ctx, id, l.key, val)
 	}
 	if err != nil {
@@ -387,24 +388,24 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 // incarnation it names is dead; errLeaseHeld if it is alive. It reads both
 // the record and the node's lease from the stream's leader.
 func (h *Host) takeOver(ctx context.Context, id session.ID, key string, val []byte) (uint64, error) {
-	cur, err := h.ownersLatest(ctx, key)
+	cur, err := h.owners.Latest(ctx, key)
 	if err != nil {
 		return 0, err
 	}
-	if cur == nil || isKVDelete(cur.Header) {
+	if cur == nil || cur.Deleted {
 		// Released meanwhile.
 		var last uint64
 		if cur != nil {
-			last = cur.Sequence
+			last = cur.Rev
 		}
-		rev, err := h.owners.Update(ctx, key, val, last)
+		rev, err := h.owners.Swap(ctx, key, val, last, 0)
 		if isWrongLastSeq(err) {
 			return 0, errLeaseHeld(id, "another", h.cfg.LeaseTTL)
 		}
 		return rev, err
 	}
 	var rec session.Lease
-	if err := json.Unmarshal(cur.Data, &rec); err != nil {
+	if err := json.Unmarshal(cur.Value, &rec); err != nil {
 		rec = session.Lease{} // Unreadable: no live incarnation can claim it.
 	}
 	alive, err := h.incarnationAlive(ctx, rec)
@@ -414,7 +415,7 @@ func (h *Host) takeOver(ctx context.Context, id session.ID, key string, val []by
 	if alive {
 		return 0, errLeaseHeld(id, rec.Node, h.cfg.LeaseTTL)
 	}
-	rev, err := h.owners.Update(ctx, key, val, cur.Sequence)
+	rev, err := h.owners.Swap(ctx, key, val, cur.Rev, 0)
 	if isWrongLastSeq(err) {
 		return 0, errLeaseHeld(id, "another", h.cfg.LeaseTTL)
 	}
@@ -436,100 +437,16 @@ func (h *Host) incarnationAlive(ctx context.Context, rec session.Lease) (bool, e
 		// earlier incarnation or from a release that failed.
 		return false, nil
 	}
-	msg, err := h.ownersLatest(ctx, session.NodeLeaseKey(rec.Node))
-	if err != nil || msg == nil || isKVDelete(msg.Header) {
+	msg, err := h.owners.Latest(ctx, session.NodeLeaseKey(rec.Node))
+	if err != nil || msg == nil || msg.Deleted {
 		return false, err
 	}
 	var nl session.Lease
-	return json.Unmarshal(msg.Data, &nl) == nil && nl.Inc == rec.Inc, nil
-}
-
-// ownersLatest returns the newest message of key in the owners bucket, nil
-// if there is none. Unlike a KV get, which any replica may answer from a
-// state that lags, it asks the stream's leader: a takeover must not rest on
-// a stale read.
-func (h *Host) ownersLatest(ctx context.Context, key string) (*jetstream.RawStreamMsg, error) {
-	bucket := h.cfg.Subjects.OwnersBucket()
-	return h.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+key)
-}
-
-// leaderLast returns the newest message of subject in stream, nil if there
-// is none, as the stream's leader has it. A direct get (what the jetstream
-// package uses for streams that allow it) may be answered by any replica,
-// including one that lags behind messages already acknowledged: ownership
-// and takeover decisions must not rest on such a read.
-func (h *Host) leaderLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	req, _ := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{subject})
-	resp, err := h.cfg.NATS.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", subject, err)
-	}
-	var r struct {
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Sequence uint64    `json:"seq"`
-			Header   []byte    `json:"hdrs"`
-			Data     []byte    `json:"data"`
-			Time     time.Time `json:"time"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("read %s: %w", subject, err)
-	}
-	if r.Error != nil {
-		if r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("read %s: %s (%d)", subject, r.Error.Description, r.Error.ErrCode)
-	}
-	if r.Message == nil {
-		return nil, fmt.Errorf("read %s: empty reply", subject)
-	}
-	m := &jetstream.RawStreamMsg{Subject: subject, Sequence: r.Message.Sequence, Data: r.Message.Data, Time: r.Message.Time}
-	if len(r.Message.Header) > 0 {
-		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
-			return nil, fmt.Errorf("read %s: %w", subject, err)
-		}
-	}
-	return m, nil
-}
-
-// ownersWrite writes val to key with a per-key TTL, if rev is still key's
-// newest revision (a KV update the jetstream package has no TTL option
-// for).
-func (h *Host) ownersWrite(ctx context.Context, key string, val []byte, rev uint64, ttl time.Duration) (uint64, error) {
-	m := nats.NewMsg("$KV." + h.cfg.Subjects.OwnersBucket() + "." + key)
-	m.Data = val
-	ack, err := h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
-}
-
-// isKVDelete reports whether a KV message's headers mark a delete or purge.
-func isKVDelete(hdr nats.Header) bool {
-	if hdr == nil {
-		return false
-	}
-	op := hdr.Get("KV-Operation")
-	return op == "DEL" || op == "PURGE" || hdr.Get("Nats-Marker-Reason") != ""
+	return json.Unmarshal(msg.Value, &nl) == nil && nl.Inc == rec.Inc, nil
 }
 
 // isWrongLastSeq reports whether err is a failed compare-and-set.
-func isWrongLastSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164
-	}
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
-}
+func isWrongLastSeq(err error) bool { return ajs.IsWrongLastSeq(err) }
 
 func (l *lease) markLost(why string) {
 	l.mu.Lock()
@@ -566,20 +483,32 @@ func (l *lease) release(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.h.cfg.LeaseTTL)
 	defer cancel()
-	// A KV delete (ADR-8: a KV-Operation DEL marker) published directly,
-	// for the marker's revision, which the next acquire on this node
+	// A delete marker, whose revision the next acquire on this node
 	// compares against (see acquireLease).
-	m := nats.NewMsg("$KV." + l.h.cfg.Subjects.OwnersBucket() + "." + l.key)
-	m.Header.Set("KV-Operation", "DEL")
-	ack, err := l.h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(uint64(l.fence)))
+	marker, err := l.h.owners.Delete(ctx, l.key, uint64(l.fence))
 	if err != nil {
 		// Someone else's now, or the node lease expires and frees it.
 		l.h.log.Warn("release lease", "session", l.id, "err", err)
 		return
 	}
 	l.h.leaseMu.Lock()
-	l.h.released[l.id] = releasedLease{marker: ack.Sequence, checkpointed: l.checkpointed.Load()}
+	l.h.released[l.id] = releasedLease{marker: marker, checkpointed: l.checkpointed.Load()}
 	l.h.leaseMu.Unlock()
+}
+
+// leaseFence returns the fencing token of id's activation on this node: the
+// revision of the write that took its ownership record, the one fence
+// source (sandbox handles, workspace manifests and checkpoints carry it).
+// Work on a session this node does not hold gets none: an unavailable
+// error the caller retries, which reaches the owner.
+func (h *Host) leaseFence(id session.ID) (int64, error) {
+	h.leaseMu.Lock()
+	l := h.leases[id]
+	h.leaseMu.Unlock()
+	if l == nil {
+		return 0, session.Errorf(session.CodeUnavailable, "session %s is not held by this node, so it has no fencing token; retry", id)
+	}
+	return l.fence, nil
 }
 
 // dropReleased forgets id's released lease (the session is deleted).

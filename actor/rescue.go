@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -47,8 +48,8 @@ func (h *Host) resume(ctx context.Context) {
 		if c.Node != "" && c.Node != h.cfg.NodeID {
 			live, ok := alive[c.Node]
 			if !ok {
-				msg, err := h.ownersLatest(ctx, session.NodeLeaseKey(c.Node))
-				live = err != nil || (msg != nil && !isKVDelete(msg.Header)) // In doubt, leave it.
+				msg, err := h.owners.Latest(ctx, session.NodeLeaseKey(c.Node))
+				live = err != nil || (msg != nil && !msg.Deleted) // In doubt, leave it.
 				alive[c.Node] = live
 			}
 			if live {
@@ -83,7 +84,7 @@ func (h *Host) watchNodes(ctx context.Context) {
 	tick := time.NewTicker(ttl / 2)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		w, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"), jetstream.UpdatesOnly())
+		updates, stop, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"))
 		if err != nil {
 			if ctx.Err() == nil {
 				h.log.Warn("watch node leases; retrying", "err", err)
@@ -97,9 +98,9 @@ func (h *Host) watchNodes(ctx context.Context) {
 		last := time.Now() // of the last update this watcher delivered
 	watch:
 		for {
-			var ent jetstream.KeyValueEntry
+			var ent *ajs.Record
 			select {
-			case e, ok := <-w.Updates():
+			case e, ok := <-updates:
 				if !ok {
 					break watch
 				}
@@ -117,16 +118,16 @@ func (h *Host) watchNodes(ctx context.Context) {
 			if ent == nil {
 				continue
 			}
-			node := strings.TrimPrefix(ent.Key(), session.NodeLeaseKey(""))
+			node := strings.TrimPrefix(ent.Key, session.NodeLeaseKey(""))
 			if node == h.cfg.NodeID {
 				continue
 			}
 			names.add(node)
-			if ent.Operation() == jetstream.KeyValueDelete || ent.Operation() == jetstream.KeyValuePurge {
-				h.claimRescue(ctx, node, ent.Revision())
+			if ent.Deleted {
+				h.claimRescue(ctx, node, ent.Rev)
 			}
 		}
-		w.Stop()
+		stop()
 	}
 }
 
@@ -186,7 +187,7 @@ func (h *Host) pollNodes(ctx context.Context, names *nodeNames) {
 // ended (endStale). rev and at are the poll's memory of the node.
 func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.Time) {
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/2)
-	msg, err := h.ownersLatest(rctx, session.NodeLeaseKey(node))
+	msg, err := h.owners.Latest(rctx, session.NodeLeaseKey(node))
 	cancel()
 	switch {
 	case err != nil:
@@ -201,11 +202,11 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 			*rev = 0
 		}
 		return
-	case isKVDelete(msg.Header):
-		h.claimRescue(ctx, node, msg.Sequence)
+	case msg.Deleted:
+		h.claimRescue(ctx, node, msg.Rev)
 		return
-	case msg.Sequence != *rev:
-		*rev, *at = msg.Sequence, time.Now()
+	case msg.Rev != *rev:
+		*rev, *at = msg.Rev, time.Now()
 	case time.Since(*at) >= staleAfter(h.cfg.LeaseTTL):
 		h.endStale(ctx, node, *rev, time.Since(*at))
 		*at = time.Now() // once per staleAfter at most
@@ -216,7 +217,7 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 // the end of its lease at revision rev (a create in the owners bucket).
 func (h *Host) claimRescue(ctx context.Context, node string, rev uint64) {
 	claim := "rescue." + node + "." + strconv.FormatUint(rev, 10)
-	if _, err := h.owners.Create(ctx, claim, []byte(h.cfg.NodeID), jetstream.KeyTTL(ownersMarkerTTL)); err != nil {
+	if _, err := h.owners.Create(ctx, claim, []byte(h.cfg.NodeID), ownersMarkerTTL); err != nil {
 		return
 	}
 	h.rescue(ctx, node)
@@ -238,9 +239,7 @@ func staleAfter(ttl time.Duration) time.Duration { return ttl + ttl/2 }
 func (h *Host) endStale(ctx context.Context, node string, rev uint64, unseen time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL)
 	defer cancel()
-	m := nats.NewMsg("$KV." + h.cfg.Subjects.OwnersBucket() + "." + session.NodeLeaseKey(node))
-	m.Header.Set("KV-Operation", "DEL")
-	_, err := h.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	_, err := h.owners.Delete(ctx, session.NodeLeaseKey(node), rev)
 	switch {
 	case err == nil:
 		h.log.Warn("ended the lease of a node that stopped renewing it (its TTL did not expire it)",

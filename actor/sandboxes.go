@@ -18,10 +18,6 @@ import (
 // package.
 const EnvPreviousTurn = session.EnvPreviousTurn
 
-// fenceKeyPrefix prefixes a session's key in the owners bucket whose
-// revision is the session's fencing token.
-const fenceKeyPrefix = "fence."
-
 // box is one session's sandbox as this node holds it: the handle, the
 // Volume that saves its workspace and what the node knows about both. It
 // outlives the session actor's activations (the host keeps it in
@@ -186,20 +182,6 @@ func (r *sandboxes) close() {
 	for _, b := range r.boxes {
 		r.disarmLocked(b)
 	}
-}
-
-// acquireFence returns a new fencing token for id: the revision of a write
-// to the session's key in the owners bucket, which grows with every write
-// to the bucket and survives restarts of the node (JetStream keeps it).
-// Session activations take their fence from their ownership lease
-// (lease.go), whose revisions continue the same sequence; this is the
-// fallback for work outside an activation.
-func (h *Host) acquireFence(ctx context.Context, id session.ID) (int64, error) {
-	rev, err := h.owners.Put(ctx, fenceKeyPrefix+string(id), []byte(h.cfg.NodeID))
-	if err != nil {
-		return 0, fmt.Errorf("acquire fence for session %s: %w", id, err)
-	}
-	return int64(rev), nil
 }
 
 // noteFunc reports a sandbox event (unless state is "") and, with err set,

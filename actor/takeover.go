@@ -6,11 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -42,15 +41,6 @@ var errReplayGap = errors.New("the events stream no longer holds every event nee
 // errDiverged means the local history's last event is not the stream's
 // event of that seq.
 var errDiverged = errors.New("the local history diverged from the events stream")
-
-// replayBatch is how many messages one Fetch of a replay asks for; after
-// replayEmptyFetches fetches in a row found nothing, replayEmptyWait apart,
-// the stream is taken to lack the rest.
-const (
-	replayBatch        = 256
-	replayEmptyFetches = 50
-	replayEmptyWait    = 20 * time.Millisecond
-)
 
 // bringUpToDate opens id's history, making it agree with the events stream
 // first (see above).
@@ -304,71 +294,41 @@ func (s *sessionActor) replay(ctx context.Context, hist History, base session.Se
 	if target < start {
 		return nil
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{evSubj, metaSubj}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if start > 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
-	}
-	cons, err := h.events.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
-	}
 	pending := map[session.Seq][]byte{}
 	var meta []byte
 	var top session.Seq
 	checked := false // the stream's first copy of seq base was compared with mine
-	empty := 0
-	for done := false; !done; {
-		batch, err := cons.FetchNoWait(replayBatch)
-		if err != nil {
-			return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			md, err := msg.Metadata()
+	var stop error   // why the callback ended the replay
+	err := h.events.Replay(ctx, []string{evSubj, metaSubj}, start, target, func(msg ajs.Msg) error {
+		switch {
+		case msg.Subject == metaSubj:
+			meta = msg.Data
+		case isControl(msg.Header):
+		default:
+			seq, err := seqOf(msg.Data)
 			if err != nil {
-				return fmt.Errorf("replay the events stream: %w", err)
+				stop = fmt.Errorf("replay the events stream: stream sequence %d: %w", msg.StreamSeq, err)
+				return stop
 			}
-			if md.Sequence.Stream >= target {
-				done = true
+			if _, dup := pending[seq]; seq > base && !dup {
+				pending[seq] = msg.Data
+				top = max(top, seq)
 			}
-			switch {
-			case msg.Subject() == metaSubj:
-				meta = msg.Data()
-			case isControl(msg.Headers()):
-			default:
-				seq, err := seqOf(msg.Data())
-				if err != nil {
-					return fmt.Errorf("replay the events stream: stream sequence %d: %w", md.Sequence.Stream, err)
-				}
-				if _, dup := pending[seq]; seq > base && !dup {
-					pending[seq] = msg.Data()
-					top = max(top, seq)
-				}
-				if seq == base && mine != nil && !checked {
-					checked = true
-					if !bytes.Equal(msg.Data(), mine) {
-						return fmt.Errorf("%w at seq %d", errDiverged, base)
-					}
+			if seq == base && mine != nil && !checked {
+				checked = true
+				if !bytes.Equal(msg.Data, mine) {
+					stop = fmt.Errorf("%w at seq %d", errDiverged, base)
+					return stop
 				}
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
-			return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", err)
-		}
-		if n == 0 && !done {
-			// The consumer may not have the messages at hand yet.
-			if empty++; empty == replayEmptyFetches {
-				return session.Errorf(session.CodeUnavailable, "replay the events stream: it stopped before sequence %d", target)
-			}
-			t := time.NewTimer(replayEmptyWait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return session.Errorf(session.CodeUnavailable, "replay the events stream: %v", ctx.Err())
-			}
-		}
+		return nil
+	})
+	switch {
+	case stop != nil:
+		return stop
+	case err != nil:
+		return session.Errorf(session.CodeUnavailable, "%v", err)
 	}
 	if top > base {
 		if _, ok := pending[base+1]; !ok {

@@ -188,7 +188,7 @@ func (r *runner) exec() *turnExited {
 func (r *runner) execHarness() *turnExited {
 	b := r.box
 	if r.fence == 0 {
-		f, err := r.h.acquireFence(r.ctx, r.id)
+		f, err := r.h.leaseFence(r.id)
 		if err != nil {
 			msg := "the sandbox could not be provisioned: " + err.Error()
 			r.note("", "", &session.ErrorData{Code: session.CodeUnavailable, Message: msg})
