@@ -32,8 +32,10 @@ import (
 // A fork's manifest names content where it is, by full key
 // ("sessions/<parent>/workspace/objects/<id>"), so a fork of a 100 MB
 // workspace writes one manifest and no content. Delete keeps the content of
-// a volume that has forks, and Collect deletes nothing from a volume that
-// keeps manifests or has forks: older manifests and forks reference it.
+// a volume that has forks; Volume.Collect deletes nothing from a volume
+// that keeps manifests or has forks, while a Collector pass, which sees
+// every volume, keeps exactly what current manifests, kept manifests within
+// Collector.KeepHistory and forks' bases name.
 
 // Errors of reading and changing a saved workspace by path.
 var (
@@ -150,7 +152,12 @@ func ReadKept(ctx context.Context, store blob.Store, prefix, id string) (*Manife
 		return nil, invalidf("invalid manifest id %q", id)
 	}
 	var m Manifest
-	if err := readJSON(ctx, store, prefix+keptDir+id+".json", &m); err != nil {
+	err := readJSON(ctx, store, prefix+keptDir+id+".json", &m)
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, fmt.Errorf("the workspace as of then is no longer kept (its manifest %s was collected: "+
+			"the workspace's history is kept for storage.workspace_history): %w", id, err)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("read kept manifest %s: %w", id, err)
 	}
 	if err := validEntries(m.Entries, true, true); err != nil {
@@ -358,6 +365,9 @@ func PutContent(ctx context.Context, store blob.Store, prefix string, r io.Reade
 	if size == 0 {
 		e.Hash = hex.EncodeToString(h.Sum(nil))
 		return e, nil
+	}
+	if err := reserve(ctx, store, prefix, size); err != nil {
+		return Entry{}, err
 	}
 	e.Blob = "objects/" + hexID(16)
 	if _, err := store.Put(ctx, prefix+e.Blob, io.TeeReader(r, h), size, blob.PutOptions{}); err != nil {

@@ -108,10 +108,16 @@
 //
 // # Garbage
 //
-// Objects no manifest references (those of replaced content, and those of a
-// save whose manifest write failed) stay until Volume.Collect deletes them;
-// Collect spares objects younger than a grace period so it never races a
-// save in progress.
+// Objects no manifest references (those of replaced or removed content,
+// and those of a save whose manifest write failed) stay until a Collector
+// pass deletes them. A pass keeps what any volume's current manifest, any
+// kept manifest younger than Collector.KeepHistory, or any fork's base
+// still names, and spares objects younger than a grace period and every
+// object of a volume with a save in progress: Save writes a marker under
+// pending/ before it uploads and removes it after its manifest is written,
+// so an object whose manifest is not written yet is never collected however
+// long its upload takes. A pass also measures what each session stores,
+// which Quota uses to limit what each tenant stores (Limited).
 package mount
 
 import (

@@ -181,6 +181,20 @@ func (v *Volume) save(ctx context.Context, ws Workspace, fence int64) (Stats, er
 		return st, nil
 	}
 	if len(uploads) > 0 {
+		var n int64
+		for _, u := range uploads {
+			n += u.Size
+		}
+		if err := reserve(ctx, v.Blob, v.Prefix, n); err != nil {
+			return st, err
+		}
+		// The pending marker keeps collectors away from the objects until
+		// the manifest naming them is written (see Collector).
+		done, err := v.pending(ctx)
+		if err != nil {
+			return st, err
+		}
+		defer done()
 		plan := &UploadPlan{Uploads: uploads}
 		if !scan.Direct {
 			if err := v.presignUploads(ctx, plan); err != nil {
@@ -201,6 +215,23 @@ func (v *Volume) save(ctx context.Context, ws Workspace, fence int64) (Stats, er
 	st.ManifestBytes = n
 	v.known, v.etag, v.base = true, newETag, m
 	return st, nil
+}
+
+// pending writes a marker of a save in progress under pending/ and returns
+// the function that removes it.
+func (v *Volume) pending(ctx context.Context) (func(), error) {
+	key := v.Prefix + pendingDir + hexID(16)
+	if _, err := v.Blob.Put(ctx, key, strings.NewReader(""), 0, blob.PutOptions{}); err != nil {
+		return nil, fmt.Errorf("mark the save in progress: %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := v.Blob.Delete(ctx, key); err != nil {
+			// A collector removes it after Collector.MaxSave.
+			v.logger().Warn("remove the marker of a save in progress", "key", key, "err", err)
+		}
+	}, nil
 }
 
 // current checks that Save may write over the saved copy and returns its
