@@ -31,6 +31,34 @@ type Hook interface {
 	DestroyVM(ctx context.Context, req HookRequest) error
 }
 
+// Sleeper is a Hook that can put a VM to sleep with everything running in
+// it (its memory saved on its host, nothing left running) and wake it on the
+// same address: VMHosts (atrium vmhost) is one. The provider then keeps a
+// sleeping sandbox's commands (see Provider). A hook that wraps another
+// exposes it with an `Unwrap() Hook` method.
+type Sleeper interface {
+	// SleepVM saves and stops the VM req.SandboxID. When it fails, the VM
+	// must still be running.
+	SleepVM(ctx context.Context, req HookRequest) error
+	// WakeVM restores the VM req.SandboxID as it was at SleepVM.
+	WakeVM(ctx context.Context, req HookRequest) error
+}
+
+// sleeperOf returns h's Sleeper, looking through wrappers; nil if none.
+func sleeperOf(h Hook) Sleeper {
+	for h != nil {
+		if s, ok := h.(Sleeper); ok {
+			return s
+		}
+		u, ok := h.(interface{ Unwrap() Hook })
+		if !ok {
+			return nil
+		}
+		h = u.Unwrap()
+	}
+	return nil
+}
+
 // HookRequest describes the VM a hook creates or destroys.
 type HookRequest struct {
 	Session session.ID `json:"session"`

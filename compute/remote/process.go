@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,13 +30,27 @@ var errStdinClosed = errors.New("write stdin: the command's stdin is closed")
 type Process struct {
 	m     *machine
 	agent *agent
-	conn  *websocket.Conn
+	// id is the agent's id of the command, for attaching a connection
+	// after a suspension.
+	id int64
 
-	// ctx lives as long as the connection; cancel ends it with a cause.
+	// ctx lives as long as the command is served (across connections);
+	// cancel ends it with a cause.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// stopDial releases the context the connection was dialled with.
+	// stopDial releases the context the first connection was dialled
+	// with.
 	stopDial context.CancelFunc
+	// attach carries a new connection to a suspended command (wake).
+	attach chan *websocket.Conn
+
+	// suspendSeen is set when the agent suspended the current connection
+	// and cleared once a new one is attached.
+	suspendSeen atomic.Bool
+
+	connMu    sync.Mutex
+	conn      *websocket.Conn // guarded by connMu: the current connection; nil while suspended
+	suspended bool            // guarded by connMu: waiting for a connection after a suspension
 
 	out    chan frame   // for the writer, in order
 	stdin  *stdinWriter // the command's stdin
@@ -132,9 +147,11 @@ func startProcess(ctx context.Context, m *machine, a *agent, fence int64, req co
 		m:        m,
 		agent:    a,
 		conn:     conn,
+		id:       first.ID,
 		ctx:      pctx,
 		cancel:   cancel,
 		stopDial: stopDial,
+		attach:   make(chan *websocket.Conn),
 		out:      make(chan frame, 16),
 		sigWait:  make(map[int64]chan error),
 		ended:    make(chan struct{}),
@@ -146,7 +163,7 @@ func startProcess(ctx context.Context, m *machine, a *agent, fence int64, req co
 	p.mu.Lock()
 	closed := p.closed
 	if !closed {
-		p.wg.Add(3)
+		p.wg.Add(1)
 		m.mu.Lock()
 		m.procs[pr] = true
 		m.mu.Unlock()
@@ -158,9 +175,7 @@ func startProcess(ctx context.Context, m *machine, a *agent, fence int64, req co
 		conn.CloseNow()
 		return nil, session.Errorf(session.CodeUnavailable, "the remote compute provider is closed")
 	}
-	go func() { defer p.wg.Done(); pr.read() }()
-	go func() { defer p.wg.Done(); pr.write() }()
-	go func() { defer p.wg.Done(); pr.heartbeat() }()
+	go func() { defer p.wg.Done(); pr.run() }()
 	return pr, nil
 }
 
@@ -234,13 +249,64 @@ func (pr *Process) end(exit compute.Exit, err error) {
 // has ended already.
 func (pr *Process) abort(cause error) {
 	pr.cancel(cause)
-	pr.conn.CloseNow()
+	pr.connMu.Lock()
+	c := pr.conn
+	pr.connMu.Unlock()
+	if c != nil {
+		c.CloseNow()
+	}
+}
+
+// isSuspended reports whether the command waits for a connection.
+func (pr *Process) isSuspended() bool {
+	pr.connMu.Lock()
+	defer pr.connMu.Unlock()
+	return pr.suspended
+}
+
+// reattach dials a new connection to the suspended command on a's agent
+// and hands it to the command.
+func (pr *Process) reattach(ctx context.Context, a *agent, fence int64) error {
+	p := pr.m.p
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	defer cancel()
+	conn, resp, err := websocket.Dial(ctx, fmt.Sprintf("%s/v1/exec?attach=%d", a.base, pr.id), &websocket.DialOptions{
+		HTTPClient:   p.client,
+		HTTPHeader:   a.header(fence),
+		Subprotocols: []string{compute.AgentSubprotocol},
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return fmt.Errorf("attach to command %d: %w", pr.id, a.answerError(resp.StatusCode, resp.Body))
+		}
+		return &unreachableError{addr: a.vm.Addr, err: fmt.Errorf("attach to command %d: %w", pr.id, err)}
+	}
+	conn.SetReadLimit(compute.AgentMaxMessage)
+	typ, b, err := conn.Read(ctx)
+	var first compute.AgentMessage
+	if err == nil && (typ != websocket.MessageText || json.Unmarshal(b, &first) != nil || first.Type != "attached") {
+		err = fmt.Errorf("the agent answered %q", b)
+	}
+	if err != nil {
+		conn.CloseNow()
+		return fmt.Errorf("attach to command %d: %w", pr.id, err)
+	}
+	select {
+	case pr.attach <- conn:
+		return nil
+	case <-pr.ctx.Done():
+		conn.CloseNow()
+		return fmt.Errorf("attach to command %d: %w", pr.id, context.Cause(pr.ctx))
+	}
 }
 
 // frame is a message queued for the writer.
 type frame struct {
 	text bool
 	data []byte
+	// pause ends the connection's writer after writing it: later frames
+	// wait for the next connection.
+	pause bool
 }
 
 // send queues a frame for the writer; false once the connection is gone.
@@ -266,8 +332,8 @@ func (pr *Process) sendJSON(m compute.AgentMessage) bool {
 	return pr.send(true, b)
 }
 
-// write is the connection's only writer.
-func (pr *Process) write() {
+// write is conn's only writer; it stops after a pause frame.
+func (pr *Process) write(ctx context.Context, cancel context.CancelCauseFunc, conn *websocket.Conn) {
 	for {
 		select {
 		case f := <-pr.out:
@@ -275,44 +341,96 @@ func (pr *Process) write() {
 			if f.text {
 				typ = websocket.MessageText
 			}
-			if err := pr.conn.Write(pr.ctx, typ, f.data); err != nil {
-				pr.abort(fmt.Errorf("write to the sandbox agent: %w", err))
+			if err := conn.Write(ctx, typ, f.data); err != nil {
+				cancel(fmt.Errorf("write to the sandbox agent: %w", err))
+				conn.CloseNow()
 				return
 			}
-		case <-pr.ctx.Done():
+			if f.pause {
+				return
+			}
+		case <-ctx.Done():
 			return
 		}
 	}
 }
 
-// heartbeat pings the agent; one that does not answer in time is dead.
-func (pr *Process) heartbeat() {
+// heartbeat pings the agent over conn; one that does not answer in time
+// is dead.
+func (pr *Process) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, conn *websocket.Conn) {
 	every := pr.m.p.cfg.Heartbeat
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(pr.ctx, every)
-			err := pr.conn.Ping(ctx)
-			cancel()
-			if err != nil && pr.ctx.Err() == nil {
-				pr.abort(fmt.Errorf("no answer to a ping within %v", every))
+			pctx, pcancel := context.WithTimeout(ctx, every)
+			err := conn.Ping(pctx)
+			pcancel()
+			if err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("no answer to a ping within %v", every))
+				conn.CloseNow()
 				return
 			}
-		case <-pr.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 	}
 }
 
-// read handles the agent's messages until the connection ends, then ends
-// the command if the agent did not.
-func (pr *Process) read() {
+// errSuspended ends a connection the agent let go after a suspension: the
+// command keeps running in the (paused) VM and waits for a new connection.
+var errSuspended = errors.New("suspended")
+
+// run serves the command's connections: the first, and one after each
+// suspension, until the command ends or its sandbox is lost.
+func (pr *Process) run() {
 	defer pr.stopDial()
-	err := pr.readLoop()
+	pr.connMu.Lock()
+	conn := pr.conn
+	pr.connMu.Unlock()
+	var err error
+	for {
+		err = pr.serve(conn)
+		if !errors.Is(err, errSuspended) {
+			break
+		}
+		pr.connMu.Lock()
+		pr.conn, pr.suspended = nil, true
+		pr.connMu.Unlock()
+		select {
+		case conn = <-pr.attach:
+			err = nil
+		case <-pr.ctx.Done():
+			err = context.Cause(pr.ctx)
+		}
+		pr.connMu.Lock()
+		pr.conn, pr.suspended = conn, false
+		pr.connMu.Unlock()
+		if err != nil {
+			break
+		}
+	}
+	pr.finish(err)
+}
+
+// serve runs one connection until it ends and returns why.
+func (pr *Process) serve(conn *websocket.Conn) error {
+	cctx, ccancel := context.WithCancelCause(pr.ctx)
+	defer ccancel(nil)
+	var wg sync.WaitGroup
+	wg.Go(func() { pr.write(cctx, ccancel, conn) })
+	wg.Go(func() { pr.heartbeat(cctx, ccancel, conn) })
+	err := pr.readLoop(cctx, conn)
+	ccancel(err)
+	wg.Wait()
+	conn.CloseNow()
+	return err
+}
+
+// finish ends the command after its last connection, if the agent did not.
+func (pr *Process) finish(err error) {
 	pr.cancel(err)
-	pr.conn.CloseNow()
 	pr.stdout.finish()
 	pr.stderr.finish()
 	select {
@@ -334,12 +452,18 @@ func (pr *Process) read() {
 		Detail: fmt.Sprintf("sandbox died: lost the sandbox agent at %s during the command (%v); the next command gets a fresh sandbox", a.vm.Addr, cause)}, nil)
 }
 
-// readLoop reads messages until the connection ends and returns why.
-func (pr *Process) readLoop() error {
+// readLoop reads messages until the connection ends and returns why:
+// errSuspended when the agent let it go after a suspension.
+func (pr *Process) readLoop(ctx context.Context, conn *websocket.Conn) error {
+	suspending := false
 	for {
-		typ, data, err := pr.conn.Read(pr.ctx)
+		typ, data, err := conn.Read(ctx)
 		if err != nil {
-			if c := context.Cause(pr.ctx); c != nil {
+			if suspending && pr.ctx.Err() == nil {
+				// Whatever ended it, nothing was in flight.
+				return errSuspended
+			}
+			if c := context.Cause(ctx); c != nil {
 				return c
 			}
 			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
@@ -364,7 +488,7 @@ func (pr *Process) readLoop() error {
 				ok = pr.stderr.push(data[1:])
 			}
 			if !ok {
-				pr.conn.Close(websocket.StatusPolicyViolation, "output beyond the window or on an unknown stream")
+				conn.Close(websocket.StatusPolicyViolation, "output beyond the window or on an unknown stream")
 				return errors.New("protocol violation: output beyond the window or on an unknown stream")
 			}
 			continue
@@ -374,6 +498,16 @@ func (pr *Process) readLoop() error {
 			return fmt.Errorf("protocol violation: control message: %w", err)
 		}
 		switch m.Type {
+		case "suspended":
+			// The agent sends nothing more on this connection; the ack
+			// is the last thing this side sends on it.
+			suspending = true
+			pr.suspendSeen.Store(true)
+			b, _ := json.Marshal(compute.AgentMessage{Type: "suspend_ack"})
+			select {
+			case pr.out <- frame{text: true, data: b, pause: true}:
+			case <-ctx.Done():
+			}
 		case "eof":
 			switch m.Stream {
 			case "stdout":

@@ -16,6 +16,17 @@
 // commands and keeps the VM (and its workspace); Destroy deletes the
 // workspace and the VM.
 //
+// # Sleep with a Sleeper hook
+//
+// When the hook is a Sleeper (VMHosts, for `atrium vmhost`), Sleep keeps
+// everything running instead: the agent suspends each command's connection
+// in agreement with the provider (nothing in flight is lost), the hook
+// saves the VM's memory on its host and stops it, and the next Open, Exec
+// or workspace call wakes it, after which each command gets a new
+// connection and carries on where it was, its Process unchanged. A VM that
+// cannot be woken (its host died) is replaced by a fresh one, and the
+// commands that ran in it end with Exit.Lost.
+//
 // # When the VM dies
 //
 // A command whose connection to the agent breaks, or whose agent stops
@@ -90,9 +101,10 @@ type Config struct {
 // Provider runs sandboxes in VMs. It implements compute.Provider. Its
 // methods are safe for concurrent use.
 type Provider struct {
-	cfg    Config
-	log    *slog.Logger
-	client *http.Client
+	cfg     Config
+	log     *slog.Logger
+	client  *http.Client
+	sleeper Sleeper // the hook's sleep and wake; nil if it has none
 
 	// wg counts the goroutines of commands and of background VM
 	// destruction.
@@ -149,6 +161,7 @@ func New(cfg Config) (*Provider, error) {
 		client:   client,
 		machines: make(map[session.ID]*machine),
 		fences:   make(map[session.ID]int64),
+		sleeper:  sleeperOf(cfg.Hook),
 	}, nil
 }
 
@@ -247,11 +260,12 @@ type machine struct {
 	lock chan struct{}
 	spec compute.Spec // guarded by lock: the limits of the newest Open
 
-	mu    sync.Mutex
-	state session.SandboxState // guarded by mu
-	agent *agent               // guarded by mu: the VM's agent; nil when there is none
-	procs map[*Process]bool    // guarded by mu: running commands
-	model *modelTunnels        // guarded by mu: tunnels to the model gateway (model.go); nil without
+	mu       sync.Mutex
+	state    session.SandboxState // guarded by mu
+	agent    *agent               // guarded by mu: the VM's agent; nil when there is none
+	vmAsleep bool                 // guarded by mu: the hook put agent's VM to sleep (Sleeper)
+	procs    map[*Process]bool    // guarded by mu: running commands
+	model    *modelTunnels        // guarded by mu: tunnels to the model gateway (model.go); nil without
 }
 
 func newMachine(p *Provider, id session.ID) *machine {
@@ -304,7 +318,14 @@ func (m *machine) open(ctx context.Context, spec compute.Spec) error {
 		return err
 	}
 	m.spec = spec
-	if a := m.current(); a != nil {
+	if a := m.current(); a != nil && m.isVMAsleep() {
+		err := m.wakeLocked(ctx, a, spec.Fence)
+		if err == nil {
+			return nil
+		}
+		m.p.log.Warn("sandbox VM could not be woken: provisioning a fresh VM", "session", string(m.id), "sandbox", a.req.SandboxID, "err", err)
+		m.lost(a)
+	} else if a != nil {
 		err := m.openAgentLocked(ctx, a, spec.Fence)
 		if err == nil || !isUnreachable(err) {
 			return err
@@ -388,10 +409,21 @@ func (m *machine) lost(a *agent) {
 		return
 	}
 	m.agent = nil
+	m.vmAsleep = false
 	if m.state != session.SandboxStopped {
 		m.state = session.SandboxFailed
 	}
+	var procs []*Process
+	for pr := range m.procs {
+		if pr.agent == a {
+			procs = append(procs, pr)
+		}
+	}
 	m.mu.Unlock()
+	// Its commands are gone with it (suspended ones would wait forever).
+	for _, pr := range procs {
+		pr.abort(errVMLost)
+	}
 	m.stopModel()
 	p := m.p
 	p.mu.Lock()
@@ -408,6 +440,95 @@ func (m *machine) lost(a *agent) {
 		defer p.wg.Done()
 		_ = m.destroyVM(context.Background(), a.req)
 	}()
+}
+
+// errVMLost ends the commands of a VM that died or could not be woken.
+var errVMLost = errors.New("the sandbox's VM is gone")
+
+func (m *machine) isVMAsleep() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.vmAsleep
+}
+
+// sleepVMLocked puts a's VM to sleep through the hook, keeping its
+// commands: they are suspended first and reattached after the wake. When
+// that fails the VM keeps running and its commands are reattached.
+func (m *machine) sleepVMLocked(ctx context.Context, a *agent, fence int64) error {
+	if m.isVMAsleep() {
+		return nil
+	}
+	if err := a.call(ctx, http.MethodPost, "/v1/sandbox/suspend", fence, nil, nil); err != nil {
+		if isUnreachable(err) {
+			m.lost(a)
+		} else {
+			m.resumeProcs(ctx, a, fence)
+		}
+		return fmt.Errorf("sleep sandbox %s: suspend its commands: %w", m.id, err)
+	}
+	m.stopModel()
+	start := time.Now()
+	if err := m.p.sleeper.SleepVM(ctx, a.req); err != nil {
+		m.startModelLocked(a, fence)
+		m.resumeProcs(context.WithoutCancel(ctx), a, fence)
+		return fmt.Errorf("sleep sandbox %s: %w (the VM keeps running)", m.id, err)
+	}
+	m.mu.Lock()
+	m.vmAsleep = true
+	m.state = session.SandboxSleeping
+	m.mu.Unlock()
+	m.p.log.Info("sandbox VM asleep", "session", string(m.id), "sandbox", a.req.SandboxID,
+		"duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// wakeLocked wakes a's sleeping VM through the hook, opens the sandbox on
+// its agent again and reattaches its suspended commands.
+func (m *machine) wakeLocked(ctx context.Context, a *agent, fence int64) error {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, m.p.cfg.StartTimeout)
+	defer cancel()
+	if err := m.p.sleeper.WakeVM(ctx, a.req); err != nil {
+		return fmt.Errorf("wake VM %s: %w", a.req.SandboxID, err)
+	}
+	if _, err := a.waitHealthy(ctx); err != nil {
+		return fmt.Errorf("wake VM %s: %w", a.req.SandboxID, err)
+	}
+	m.mu.Lock()
+	m.vmAsleep = false
+	m.mu.Unlock()
+	if err := m.openAgentLocked(ctx, a, fence); err != nil {
+		return err
+	}
+	m.resumeProcs(ctx, a, fence)
+	m.p.log.Info("sandbox VM awake", "session", string(m.id), "sandbox", a.req.SandboxID,
+		"duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// resumeProcs gives each suspended command of a a new connection; one that
+// cannot get one ends as lost.
+func (m *machine) resumeProcs(ctx context.Context, a *agent, fence int64) {
+	m.mu.Lock()
+	var procs []*Process
+	for pr := range m.procs {
+		if pr.agent == a && pr.suspendSeen.Load() {
+			procs = append(procs, pr)
+		}
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, pr := range procs {
+		wg.Go(func() {
+			if err := pr.reattach(ctx, a, fence); err != nil {
+				m.p.log.Warn("suspended command lost", "session", string(m.id), "err", err)
+				pr.abort(fmt.Errorf("%w: %v", errVMLost, err))
+				return
+			}
+			pr.suspendSeen.Store(false)
+		})
+	}
+	wg.Wait()
 }
 
 // closeProcs ends the connections of every running command.
@@ -486,7 +607,7 @@ func (s *Sandbox) ready(ctx context.Context) (*agent, error) {
 	if st == session.SandboxStopped {
 		return nil, session.Errorf(session.CodeNotFound, "sandbox of session %s was destroyed", m.id)
 	}
-	if a != nil {
+	if a != nil && !m.isVMAsleep() {
 		if st == session.SandboxSleeping {
 			m.setState(session.SandboxReady) // The agent wakes it with the command.
 		}
@@ -500,7 +621,15 @@ func (s *Sandbox) ready(ctx context.Context) (*agent, error) {
 		return nil, err
 	}
 	if a := m.current(); a != nil {
-		return a, nil // Provisioned while this call waited.
+		if !m.isVMAsleep() {
+			return a, nil // Provisioned or woken while this call waited.
+		}
+		err := m.wakeLocked(ctx, a, s.fence)
+		if err == nil {
+			return a, nil
+		}
+		m.p.log.Warn("sandbox VM could not be woken: provisioning a fresh VM", "session", string(m.id), "sandbox", a.req.SandboxID, "err", err)
+		m.lost(a)
 	}
 	if m.getState() == session.SandboxStopped {
 		return nil, session.Errorf(session.CodeNotFound, "sandbox of session %s was destroyed", m.id)
@@ -511,7 +640,9 @@ func (s *Sandbox) ready(ctx context.Context) (*agent, error) {
 	return m.current(), nil
 }
 
-// Sleep stops every running command, keeping the VM and its workspace.
+// Sleep stops every running command, keeping the VM and its workspace;
+// with a Sleeper hook it puts the VM to sleep instead, keeping its
+// commands too.
 func (s *Sandbox) Sleep(ctx context.Context) error {
 	m := s.m
 	if err := m.acquire(ctx); err != nil {
@@ -527,6 +658,9 @@ func (s *Sandbox) Sleep(ctx context.Context) error {
 			m.setState(session.SandboxSleeping)
 		}
 		return nil
+	}
+	if m.p.sleeper != nil {
+		return m.sleepVMLocked(ctx, a, s.fence)
 	}
 	if err := a.call(ctx, http.MethodPost, "/v1/sandbox/sleep", s.fence, nil, nil); err != nil {
 		if isUnreachable(err) {
@@ -554,8 +688,10 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		m.setState(session.SandboxStopped)
 		return nil
 	}
-	err := a.call(ctx, http.MethodDelete, "/v1/sandbox", s.fence, nil, nil)
-	if err != nil && !isUnreachable(err) {
+	if m.isVMAsleep() {
+		// Its agent cannot answer: the VM and its commands go together.
+		m.closeProcs()
+	} else if err := a.call(ctx, http.MethodDelete, "/v1/sandbox", s.fence, nil, nil); err != nil && !isUnreachable(err) {
 		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
 	}
 	m.stopModel()
@@ -565,6 +701,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.agent = nil
+	m.vmAsleep = false
 	m.state = session.SandboxStopped
 	m.mu.Unlock()
 	return nil

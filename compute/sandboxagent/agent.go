@@ -19,7 +19,10 @@
 // Exec streams run over WebSocket with credit-based flow control in both
 // directions, so a command whose output the node does not read is slowed
 // down by its pipe and the agent's memory stays bounded (a window per
-// stream). A command whose connection drops is killed.
+// stream). A command whose connection drops is killed, unless the node
+// suspended it first (POST /v1/sandbox/suspend, before its VM is paused):
+// then it keeps running and the node attaches a new connection after the
+// VM wakes (GET /v1/exec?attach=ID).
 package sandboxagent
 
 import (
@@ -104,12 +107,14 @@ type Server struct {
 	model *modelRelay
 
 	mu        sync.Mutex
-	fence     int64           // guarded by mu: the highest fence seen
-	session   session.ID      // guarded by mu: the bound session; "" before the first open
-	sandbox   compute.Sandbox // guarded by mu: the newest handle; nil when none is open
-	running   int             // guarded by mu: commands running
-	restoring bool            // guarded by mu: a workspace restore runs; commands wait
-	closed    bool            // guarded by mu
+	fence     int64               // guarded by mu: the highest fence seen
+	session   session.ID          // guarded by mu: the bound session; "" before the first open
+	sandbox   compute.Sandbox     // guarded by mu: the newest handle; nil when none is open
+	running   int                 // guarded by mu: commands running
+	restoring bool                // guarded by mu: a workspace restore runs; commands wait
+	execs     map[int64]*execConn // guarded by mu: running commands by id (exec.go)
+	nextExec  int64               // guarded by mu
+	closed    bool                // guarded by mu
 
 	// objects moves workspace objects to and from presigned URLs.
 	objects *http.Client
@@ -163,6 +168,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("POST /v1/sandbox", s.authed(s.handleOpen))
 	mux.HandleFunc("POST /v1/sandbox/sleep", s.authed(s.handleSleep))
+	mux.HandleFunc("POST /v1/sandbox/suspend", s.authed(s.handleSuspend))
 	mux.HandleFunc("DELETE /v1/sandbox", s.authed(s.handleDestroy))
 	mux.HandleFunc("GET /v1/exec", s.authed(s.handleExec))
 	mux.HandleFunc("GET "+compute.AgentModelPath, s.authed(s.handleModel))

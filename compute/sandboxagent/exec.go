@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -25,7 +26,20 @@ const startTimeout = 10 * time.Second
 // maxPendingSignals bounds the signals queued for one command.
 const maxPendingSignals = 16
 
+// reattachTimeout is how long a suspended command waits for the node to
+// attach a new connection (counted while the VM runs: a paused VM's clock
+// stands still) before it is killed.
+const reattachTimeout = 2 * time.Minute
+
+// errSuspended ends a connection whose command was suspended: the node
+// acknowledged the suspension and the command waits for a new connection.
+var errSuspended = errors.New("suspended")
+
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, fence int64) {
+	if v := r.URL.Query().Get("attach"); v != "" {
+		s.handleAttach(w, r, v)
+		return
+	}
 	sb, id, err := s.current()
 	if err != nil {
 		writeError(w, err)
@@ -53,15 +67,116 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, fence int64)
 	conn.SetReadLimit(compute.AgentMaxMessage)
 	x := &execConn{
 		s:       s,
-		conn:    conn,
 		session: id,
+		attach:  make(chan attachment),
 		out:     make(chan frame, 16),
 		signals: make(chan compute.AgentMessage, maxPendingSignals),
 		stdin:   stdinQueue{wake: make(chan struct{}, 1)},
 		stdout:  newWindow(),
 		stderr:  newWindow(),
+		changed: make(chan struct{}),
 	}
-	x.run(sb, fence)
+	x.run(sb, fence, conn)
+}
+
+// handleAttach serves GET /v1/exec?attach=ID: a new connection for the
+// suspended command ID, which continues its streams where the suspended
+// connection left them. It answers {"type":"attached"} first.
+func (s *Server) handleAttach(w http.ResponseWriter, r *http.Request, raw string) {
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		writeError(w, session.Errorf(session.CodeBadRequest, "attach=%q is not a command id", raw))
+		return
+	}
+	s.mu.Lock()
+	x := s.execs[id]
+	s.mu.Unlock()
+	if x == nil {
+		writeError(w, session.Errorf(session.CodeNotFound, "no command %d: it ended or was killed", id))
+		return
+	}
+	if st, _ := x.getState(); st != execSuspended {
+		writeError(w, session.Errorf(session.CodeConflict, "command %d is not suspended", id))
+		return
+	}
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{compute.AgentSubprotocol}})
+	if err != nil {
+		return
+	}
+	if conn.Subprotocol() != compute.AgentSubprotocol {
+		conn.Close(websocket.StatusProtocolError, "use subprotocol "+compute.AgentSubprotocol)
+		return
+	}
+	conn.SetReadLimit(compute.AgentMaxMessage)
+	b, _ := json.Marshal(compute.AgentMessage{Type: "attached", ID: id})
+	wctx, cancel := context.WithTimeout(r.Context(), startTimeout)
+	err = conn.Write(wctx, websocket.MessageText, b)
+	cancel()
+	if err != nil {
+		conn.CloseNow()
+		return
+	}
+	done := make(chan struct{})
+	select {
+	case x.attach <- attachment{conn: conn, done: done}:
+		<-done
+	case <-x.ctx.Done():
+		conn.Close(websocket.StatusGoingAway, "the command is gone")
+	case <-time.After(startTimeout):
+		conn.Close(websocket.StatusTryAgainLater, "the command is not waiting for a connection")
+	}
+}
+
+// handleSuspend serves POST /v1/sandbox/suspend: every running command's
+// connection is ended in agreement with the node (nothing in flight is
+// lost), and the command keeps running until the node attaches a new
+// connection (GET /v1/exec?attach=ID) or reattachTimeout passes. The node
+// does this before the VM is paused, so the commands outlive the pause.
+func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request, _ int64) {
+	s.mu.Lock()
+	xs := make([]*execConn, 0, len(s.execs))
+	for _, x := range s.execs {
+		xs = append(xs, x)
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Second)
+	defer cancel()
+	errs := make([]error, len(xs))
+	var wg sync.WaitGroup
+	for i, x := range xs {
+		wg.Go(func() { errs[i] = x.suspend(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		s.fail(w, r, session.Errorf(session.CodeUnavailable, "suspend commands: %v", err))
+		return
+	}
+	s.log.Info("commands suspended", "session", string(s.boundSession()), "commands", len(xs))
+	writeJSON(w, http.StatusOK, map[string]int{"suspended": len(xs)})
+}
+
+func (s *Server) boundSession() session.ID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.session
+}
+
+// register gives x its id and lists it for suspension and attachment.
+func (s *Server) register(x *execConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextExec++
+	x.id = s.nextExec
+	if s.execs == nil {
+		s.execs = make(map[int64]*execConn)
+	}
+	s.execs[x.id] = x
+}
+
+func (s *Server) unregister(x *execConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.execs, x.id)
 }
 
 // startCommand counts a command about to start, unless the workspace is
@@ -87,58 +202,135 @@ type frame struct {
 	typ  websocket.MessageType
 	data []byte
 	last bool // close the connection after writing it
+	// pause ends the connection's writer after writing it: later frames
+	// wait for the next connection (a suspension).
+	pause bool
 }
 
-// execConn is one exec connection: one command and its streams.
+// attachment is a new connection for a suspended command; done is closed
+// when the command is done with it.
+type attachment struct {
+	conn *websocket.Conn
+	done chan struct{}
+}
+
+// States of an execConn.
+const (
+	execServing   = "serving"
+	execSuspended = "suspended"
+	execDone      = "done"
+)
+
+// execConn is one command and its streams, served over one connection at a
+// time: a suspension ends the connection but not the command, and a new
+// connection attaches to it.
 type execConn struct {
 	s       *Server
-	conn    *websocket.Conn
+	id      int64 // set by register
 	session session.ID
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
+	// ctx lives as long as the command is served; cancel ends it with a
+	// cause.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 
-	out     chan frame                // to the writer goroutine
+	attach  chan attachment           // from handleAttach, while suspended
+	out     chan frame                // to the connection's writer
 	signals chan compute.AgentMessage // to the signal goroutine
 	stdin   stdinQueue                // from the reader to the stdin goroutine
 	stdout  *window                   // credit the node granted for stdout
 	stderr  *window                   // and for stderr
+
+	mu         sync.Mutex
+	state      string        // guarded by mu
+	suspending bool          // guarded by mu: a suspension was asked for on the current connection
+	changed    chan struct{} // guarded by mu: closed and replaced when state changes
 }
 
-// run serves the connection: it reads the request, starts the command and
-// its goroutines, and reads the node's messages until the connection ends.
-// It returns when every goroutine it started is done.
-func (x *execConn) run(sb compute.Sandbox, fence int64) {
+func (x *execConn) setState(st string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.state = st
+	x.suspending = false
+	close(x.changed)
+	x.changed = make(chan struct{})
+}
+
+func (x *execConn) getState() (string, chan struct{}) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.state, x.changed
+}
+
+// suspend asks the node to let the current connection go, and returns once
+// the command is suspended (or done).
+func (x *execConn) suspend(ctx context.Context) error {
+	x.mu.Lock()
+	st, asked := x.state, x.suspending
+	x.suspending = true
+	x.mu.Unlock()
+	if st != execServing {
+		return nil
+	}
+	if !asked {
+		b, _ := json.Marshal(compute.AgentMessage{Type: "suspended", ID: x.id})
+		select {
+		case x.out <- frame{typ: websocket.MessageText, data: b, pause: true}:
+		case <-x.ctx.Done():
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("command %d: %w", x.id, ctx.Err())
+		}
+	}
+	for {
+		st, changed := x.getState()
+		if st != execServing {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("command %d: the node did not acknowledge the suspension: %w", x.id, ctx.Err())
+		}
+	}
+}
+
+// run serves the command: it reads the request, starts the command and
+// its goroutines, and serves connections until the command ended and its
+// exit was delivered, or nobody is left to control it. It returns when
+// every goroutine it started is done.
+func (x *execConn) run(sb compute.Sandbox, fence int64, conn *websocket.Conn) {
 	x.ctx, x.cancel = context.WithCancelCause(x.s.ctx)
 	defer x.cancel(nil)
-	req, err := x.readRequest()
+	req, err := x.readRequest(conn)
 	if err != nil {
-		x.refuse(err)
+		x.refuse(conn, err)
 		return
 	}
 	if err := x.s.startCommand(); err != nil {
-		x.refuse(err)
+		x.refuse(conn, err)
 		return
 	}
 	defer x.s.endCommand()
 	proc, err := sb.Exec(x.ctx, req.ExecRequest)
 	if err != nil {
-		x.refuse(fmt.Errorf("exec: %w", err))
+		x.refuse(conn, fmt.Errorf("exec: %w", err))
 		return
 	}
-	log := x.s.log.With("session", string(x.session))
+	x.s.register(x)
+	defer x.s.unregister(x)
+	log := x.s.log.With("session", string(x.session), "command", x.id)
 	log.Debug("command started", "fence", fence)
 	x.stdout.add(req.Window)
 	x.stderr.add(req.Window)
+	x.setState(execServing)
 
 	var wg sync.WaitGroup
-	wg.Go(x.write)
-	x.sendJSON(compute.AgentMessage{Type: "started", Window: x.s.cfg.StdinWindow}, false)
+	x.sendJSON(compute.AgentMessage{Type: "started", Window: x.s.cfg.StdinWindow, ID: x.id}, false)
 	var pumps sync.WaitGroup
 	pumps.Go(func() { x.pump(proc.Stdout(), compute.AgentStdout, "stdout", x.stdout) })
 	pumps.Go(func() { x.pump(proc.Stderr(), compute.AgentStderr, "stderr", x.stderr) })
 	wg.Go(func() { x.feedStdin(proc.Stdin()) })
 	wg.Go(func() { x.signal(proc) })
-	wg.Go(x.heartbeat)
 	exited := make(chan struct{})
 	wg.Go(func() {
 		pumps.Wait()
@@ -153,7 +345,35 @@ func (x *execConn) run(sb compute.Sandbox, fence int64) {
 		x.sendJSON(msg, true)
 	})
 
-	err = x.read()
+	var done chan struct{} // of the current attachment
+	for {
+		err = x.serve(conn)
+		if done != nil {
+			close(done)
+		}
+		if !errors.Is(err, errSuspended) {
+			break
+		}
+		x.setState(execSuspended)
+		log.Info("command suspended: waiting for the node to attach")
+		t := time.NewTimer(reattachTimeout)
+		select {
+		case a := <-x.attach:
+			conn, done = a.conn, a.done
+			err = nil
+		case <-t.C:
+			err = fmt.Errorf("no connection attached within %v of the suspension", reattachTimeout)
+		case <-x.ctx.Done():
+			err = context.Cause(x.ctx)
+		}
+		t.Stop()
+		if err != nil {
+			break
+		}
+		log.Info("command attached")
+		x.setState(execServing)
+	}
+	x.setState(execDone)
 	x.cancel(err)
 	select {
 	case <-exited:
@@ -164,7 +384,27 @@ func (x *execConn) run(sb compute.Sandbox, fence int64) {
 		killUntilExited(proc, exited, log)
 	}
 	wg.Wait()
-	x.conn.CloseNow()
+}
+
+// serve runs one connection of the command until it ends, and returns why:
+// errSuspended when the node acknowledged a suspension.
+func (x *execConn) serve(conn *websocket.Conn) error {
+	cctx, ccancel := context.WithCancelCause(x.ctx)
+	defer ccancel(nil)
+	var wg sync.WaitGroup
+	wg.Go(func() { x.write(cctx, ccancel, conn) })
+	wg.Go(func() { x.heartbeat(cctx, ccancel, conn) })
+	err := x.read(cctx, conn)
+	if errors.Is(err, errSuspended) {
+		ccancel(err)
+		wg.Wait()
+		conn.Close(websocket.StatusNormalClosure, "suspended")
+		return err
+	}
+	ccancel(err)
+	wg.Wait()
+	conn.CloseNow()
+	return err
 }
 
 // killTimeout bounds how long the agent keeps killing a command nobody
@@ -195,11 +435,11 @@ func killUntilExited(proc compute.Process, exited <-chan struct{}, log *slog.Log
 }
 
 // readRequest reads the AgentExec message that opens the connection.
-func (x *execConn) readRequest() (compute.AgentExec, error) {
+func (x *execConn) readRequest(conn *websocket.Conn) (compute.AgentExec, error) {
 	ctx, cancel := context.WithTimeout(x.ctx, startTimeout)
 	defer cancel()
 	var req compute.AgentExec
-	typ, data, err := x.conn.Read(ctx)
+	typ, data, err := conn.Read(ctx)
 	if err != nil {
 		return req, fmt.Errorf("read exec request: %w", err)
 	}
@@ -217,7 +457,7 @@ func (x *execConn) readRequest() (compute.AgentExec, error) {
 }
 
 // refuse reports a command that did not start and closes the connection.
-func (x *execConn) refuse(err error) {
+func (x *execConn) refuse(conn *websocket.Conn, err error) {
 	e := session.AsError(err)
 	if e.Code == session.CodeInternal {
 		x.s.log.Warn("exec failed", "session", string(x.session), "err", err)
@@ -225,14 +465,15 @@ func (x *execConn) refuse(err error) {
 	b, _ := json.Marshal(compute.AgentMessage{Type: "error", Error: e})
 	ctx, cancel := context.WithTimeout(x.ctx, startTimeout)
 	defer cancel()
-	if x.conn.Write(ctx, websocket.MessageText, b) == nil {
-		x.conn.Close(websocket.StatusNormalClosure, "")
+	if conn.Write(ctx, websocket.MessageText, b) == nil {
+		conn.Close(websocket.StatusNormalClosure, "")
 		return
 	}
-	x.conn.CloseNow()
+	conn.CloseNow()
 }
 
-// send queues f for the writer; it gives up when the connection ends.
+// send queues f for the connection's writer (the next connection's, while
+// suspended); it gives up when the command is no longer served.
 func (x *execConn) send(f frame) bool {
 	select {
 	case x.out <- f:
@@ -250,21 +491,26 @@ func (x *execConn) sendJSON(m compute.AgentMessage, last bool) bool {
 	return x.send(frame{typ: websocket.MessageText, data: b, last: last})
 }
 
-// write is the connection's only writer. After the last frame it closes
-// the connection normally.
-func (x *execConn) write() {
+// write is conn's only writer. After the last frame it closes the
+// connection normally; after a pause frame it stops, leaving later frames
+// for the next connection.
+func (x *execConn) write(ctx context.Context, cancel context.CancelCauseFunc, conn *websocket.Conn) {
 	for {
 		select {
 		case f := <-x.out:
-			if err := x.conn.Write(x.ctx, f.typ, f.data); err != nil {
-				x.cancel(fmt.Errorf("write: %w", err))
+			if err := conn.Write(ctx, f.typ, f.data); err != nil {
+				cancel(fmt.Errorf("write: %w", err))
+				conn.CloseNow()
 				return
 			}
 			if f.last {
-				x.conn.Close(websocket.StatusNormalClosure, "")
+				conn.Close(websocket.StatusNormalClosure, "")
 				return
 			}
-		case <-x.ctx.Done():
+			if f.pause {
+				return
+			}
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -272,29 +518,32 @@ func (x *execConn) write() {
 
 // read handles the node's messages until the connection ends, and returns
 // why it ended.
-func (x *execConn) read() error {
+func (x *execConn) read(ctx context.Context, conn *websocket.Conn) error {
 	for {
-		typ, data, err := x.conn.Read(x.ctx)
+		typ, data, err := conn.Read(ctx)
 		if err != nil {
+			if c := context.Cause(ctx); c != nil {
+				return c
+			}
 			return fmt.Errorf("read: %w", err)
 		}
 		if typ == websocket.MessageBinary {
 			if len(data) == 0 || data[0] != compute.AgentStdin || len(data) > 1+compute.AgentMaxChunk {
-				return x.violation("binary messages from the node must be stdin chunks")
+				return x.violation(conn, "binary messages from the node must be stdin chunks")
 			}
 			if !x.stdin.push(data[1:], x.s.cfg.StdinWindow) {
-				return x.violation("stdin beyond the window")
+				return x.violation(conn, "stdin beyond the window")
 			}
 			continue
 		}
 		var m compute.AgentMessage
 		if err := json.Unmarshal(data, &m); err != nil {
-			return x.violation("control message is not valid JSON")
+			return x.violation(conn, "control message is not valid JSON")
 		}
 		switch m.Type {
 		case "credit":
 			if m.Bytes <= 0 {
-				return x.violation("credit must be positive")
+				return x.violation(conn, "credit must be positive")
 			}
 			switch m.Stream {
 			case "stdout":
@@ -302,7 +551,7 @@ func (x *execConn) read() error {
 			case "stderr":
 				x.stderr.add(m.Bytes)
 			default:
-				return x.violation("credit for an unknown stream")
+				return x.violation(conn, "credit for an unknown stream")
 			}
 		case "close_stdin":
 			x.stdin.close()
@@ -313,15 +562,24 @@ func (x *execConn) read() error {
 				x.sendJSON(compute.AgentMessage{Type: "signaled", ID: m.ID,
 					Error: session.Errorf(session.CodeTooManyRequests, "too many signals pending")}, false)
 			}
+		case "suspend_ack":
+			x.mu.Lock()
+			asked := x.suspending
+			x.mu.Unlock()
+			if !asked {
+				return x.violation(conn, "suspend_ack without a suspension")
+			}
+			// The node sends nothing after it: the connection is done.
+			return errSuspended
 		default:
-			return x.violation("unknown control message " + m.Type)
+			return x.violation(conn, "unknown control message "+m.Type)
 		}
 	}
 }
 
 // violation closes the connection for a broken protocol.
-func (x *execConn) violation(why string) error {
-	x.conn.Close(websocket.StatusPolicyViolation, why)
+func (x *execConn) violation(conn *websocket.Conn, why string) error {
+	conn.Close(websocket.StatusPolicyViolation, why)
 	return errors.New("protocol violation: " + why)
 }
 
@@ -395,23 +653,23 @@ func (x *execConn) signal(proc compute.Process) {
 	}
 }
 
-// heartbeat pings the node; a node that does not answer is gone.
-func (x *execConn) heartbeat() {
+// heartbeat pings the node over conn; a node that does not answer is gone.
+func (x *execConn) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, conn *websocket.Conn) {
 	every := x.s.cfg.Heartbeat
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(x.ctx, every)
-			err := x.conn.Ping(ctx)
-			cancel()
-			if err != nil && x.ctx.Err() == nil {
-				x.cancel(fmt.Errorf("no answer to ping: %w", err))
-				x.conn.CloseNow()
+			pctx, pcancel := context.WithTimeout(ctx, every)
+			err := conn.Ping(pctx)
+			pcancel()
+			if err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("no answer to ping: %w", err))
+				conn.CloseNow()
 				return
 			}
-		case <-x.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 	}

@@ -442,26 +442,12 @@ func (s *Server) Wake(ctx context.Context, id string) error {
 	return nil
 }
 
-// VMStatus describes one VM in Status.
-type VMStatus struct {
-	ID        string    `json:"id"`
-	Session   string    `json:"session"`
-	Addr      string    `json:"addr"`
-	State     string    `json:"state"`
-	MemoryMiB int       `json:"memory_mib"`
-	Started   time.Time `json:"started"`
-	BootMs    int64     `json:"boot_ms"`
-	RSSBytes  int64     `json:"rss_bytes"`
-}
+// VMStatus describes one VM in Status (the wire shape is declared by the
+// remote provider, the client of this API).
+type VMStatus = remote.VMInfo
 
-// Status describes the host and its VMs.
-type Status struct {
-	Accel   string     `json:"accel"`
-	Version string     `json:"image_version"`
-	Kernel  string     `json:"kernel"`
-	MaxVMs  int        `json:"max_vms"`
-	VMs     []VMStatus `json:"vms"`
-}
+// Status describes the host and its VMs: GET /status.
+type Status = remote.VMHostStatus
 
 // Status returns the host's state.
 func (s *Server) Status() Status {
