@@ -133,7 +133,21 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 	cfg.TrustedProxies = proxies
 	if f.Sandbox.Provider == server.ProviderRemote {
 		hookLog := cfg.Logger.With("component", "sandbox-hook")
-		if r := f.Sandbox.Remote; r.URL != "" {
+		if r := f.Sandbox.Remote; len(r.VMHosts) > 0 {
+			hosts := &remote.VMHosts{Logger: hookLog}
+			for i, h := range r.VMHosts {
+				b, err := os.ReadFile(h.TokenFile)
+				if err != nil {
+					return cfg, fmt.Errorf("sandbox.remote.vm_hosts[%d].token_file: %w", i, err)
+				}
+				tok := strings.TrimSpace(string(b))
+				if tok == "" {
+					return cfg, fmt.Errorf("sandbox.remote.vm_hosts[%d].token_file: %s is empty", i, h.TokenFile)
+				}
+				hosts.Hosts = append(hosts.Hosts, remote.VMHost{URL: h.URL, Token: tok})
+			}
+			cfg.Sandbox.Hook = hosts
+		} else if r.URL != "" {
 			cfg.Sandbox.Hook = &remote.HTTPHook{URL: r.URL, Logger: hookLog}
 		} else {
 			cfg.Sandbox.Hook = &remote.CommandHook{Create: r.Create, Destroy: r.Delete, Logger: hookLog}

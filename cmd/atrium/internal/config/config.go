@@ -335,12 +335,22 @@ type Sandbox struct {
 	WorkspaceQuotaBytes int64 `yaml:"workspace_quota_bytes"`
 }
 
-// Remote configures the provisioning hook of remote sandboxes: either
-// commands or an HTTP endpoint.
+// Remote configures the provisioning hook of remote sandboxes: commands,
+// an HTTP endpoint, or VM hosts (`atrium vmhost`).
 type Remote struct {
 	Create []string `yaml:"create"`
 	Delete []string `yaml:"destroy"`
 	URL    string   `yaml:"url"`
+	// VMHosts are the `atrium vmhost` hosts sandboxes are placed on (by
+	// free capacity); their sleeping sandboxes keep their processes.
+	VMHosts []VMHost `yaml:"vm_hosts"`
+}
+
+// VMHost is one `atrium vmhost`: its API URL and the file holding the
+// token it accepts (its own --token-file).
+type VMHost struct {
+	URL       string `yaml:"url"`
+	TokenFile string `yaml:"token_file"`
 }
 
 // Storage configures object storage for workspaces (and, later, history
@@ -456,6 +466,14 @@ func (f *File) fillDefaults() {
 	}
 }
 
+// btoi is 1 for true.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Validate checks f for `atrium serve` (dev false) or `atrium dev` (dev
 // true) and returns every problem found, each naming its setting.
 func (f *File) Validate(dev bool) error {
@@ -552,8 +570,16 @@ func (f *File) Validate(dev bool) error {
 	case "local":
 	case "remote":
 		r := f.Sandbox.Remote
-		if (len(r.Create) == 0) == (r.URL == "") {
-			bad("sandbox.remote", "set either create/destroy commands or url (the provisioning hook)")
+		if n := btoi(len(r.Create) > 0) + btoi(r.URL != "") + btoi(len(r.VMHosts) > 0); n != 1 {
+			bad("sandbox.remote", "set one of create/destroy commands, url (the provisioning hook) or vm_hosts")
+		}
+		for i, h := range r.VMHosts {
+			if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad(fmt.Sprintf("sandbox.remote.vm_hosts[%d].url", i), "%q: want the VM host's API, e.g. http://10.0.0.5:7000", h.URL)
+			}
+			if h.TokenFile == "" {
+				bad(fmt.Sprintf("sandbox.remote.vm_hosts[%d].token_file", i), "required: the file holding the token the VM host accepts")
+			}
 		}
 		if len(r.Create) > 0 && len(r.Delete) == 0 {
 			bad("sandbox.remote.destroy", "required with sandbox.remote.create")

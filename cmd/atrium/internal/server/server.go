@@ -900,7 +900,7 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 		}}, nil
 	case ProviderRemote:
 		if cfg.Sandbox.Hook == nil {
-			return computeWiring{}, errors.New("remote sandboxes: no provisioning hook (sandbox.remote create/destroy commands or url)")
+			return computeWiring{}, errors.New("remote sandboxes: no provisioning hook (sandbox.remote create/destroy commands, url or vm_hosts)")
 		}
 		if _, ok := s.store.(blob.Presigner); !ok {
 			return computeWiring{}, errors.New("remote sandboxes need an S3 object store: their VMs move workspaces through presigned URLs (set storage.type s3)")
@@ -945,6 +945,10 @@ func (h *countingHook) CreateVM(ctx context.Context, req remote.HookRequest) (re
 	}
 	return vm, err
 }
+
+// Unwrap exposes the hook's sleep and wake (remote.Sleeper) to the
+// provider.
+func (h *countingHook) Unwrap() remote.Hook { return h.Hook }
 
 func (h *countingHook) generation(id session.ID) uint64 {
 	h.mu.Lock()
