@@ -116,6 +116,9 @@ func TestValidate(t *testing.T) {
 		"bad egress permit":    {yaml: "auth: {mode: tokens}\nsandbox: {egress_permit: ['http://x']}\n", want: []string{"sandbox.egress_permit"}},
 		"bad listen":           {yaml: "auth: {mode: tokens}\nlisten: nowhere\n", want: []string{"listen:"}},
 		"remote with s3 works": {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote, remote: {url: 'http://hook'}}\nstorage: {type: s3, s3: {endpoint: 's3:9000', bucket: b, access_key: k, secret_key: s}}\n"},
+		"vm hosts work":        {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote, remote: {vm_hosts: [{url: 'http://10.0.0.5:7000', token_file: /etc/t}]}}\nstorage: {type: s3, s3: {endpoint: 's3:9000', bucket: b, access_key: k, secret_key: s}}\n"},
+		"bad vm hosts":         {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote, remote: {vm_hosts: [{url: '10.0.0.5:7000'}]}}\nstorage: {type: s3, s3: {endpoint: 's3:9000', bucket: b, access_key: k, secret_key: s}}\n", want: []string{"vm_hosts[0].url", "vm_hosts[0].token_file: required"}},
+		"vm hosts and url":     {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote, remote: {url: 'http://hook', vm_hosts: [{url: 'http://h:7000', token_file: /t}]}}\nstorage: {type: s3, s3: {endpoint: 's3:9000', bucket: b, access_key: k, secret_key: s}}\n", want: []string{"sandbox.remote: set one of"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := ""
