@@ -394,8 +394,7 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 // Cmd subscription drained, then (off the actor) the history, the sandbox and
 // the catalog entry are removed and watchers are told. The reply comes last.
 func (s *sessionActor) opDelete(msg *nats.Msg) {
-	s.phase = phaseDeleting
-	s.deleteMsg = msg
+	s.toDeleting(msg)
 	s.stopCatalogTimer()
 	if s.runner != nil {
 		s.runner.stop(stopRequest{status: session.TurnCancelled})

@@ -234,41 +234,28 @@ func (c *committer) stop() {
 	<-c.done
 }
 
-// emit assigns the next seq to an event, encodes it once and queues it for
-// commit. It returns the seq.
-func (s *sessionActor) emit(kind session.Kind, by string, data json.RawMessage, after func(error)) session.Seq {
-	seq := s.nextSeq
-	s.nextSeq++
-	ev := encodeEvent(seq, s.meta.Epoch, time.Now(), kind, by, data)
-	s.outbox = append(s.outbox, pendingEvent{ev: ev, after: after})
-	return seq
-}
-
-// flush hands the outbox (and changed metadata) to the committer.
+// flush hands the event log's outbox (and changed metadata) to the
+// committer.
 func (s *sessionActor) flush() {
-	if s.committer == nil || (len(s.outbox) == 0 && !s.metaDirty) {
+	if s.committer == nil {
 		return
 	}
-	b := &batch{gen: s.gen, pend: s.outbox}
-	s.outbox = nil
-	if s.metaDirty {
-		m := s.metaNext
-		m.Members = cloneMembers(m.Members)
-		b.meta = &m
-		b.metaAfter, s.metaAfter = s.metaAfter, nil
-		s.metaDirty = false
+	b := s.eventLog.takeBatch()
+	if b == nil {
+		return
+	}
+	if b.meta != nil {
 		// Metadata has no seq: the newest checkpoint lacks it now.
 		s.ckptSeq = -1
 	}
-	s.uncommitted++
 	s.committer.add(b)
 }
 
+// onCommitted applies a commit's report to the event log.
 func (s *sessionActor) onCommitted(m *committed) {
 	if m.c != s.committer {
 		return
 	}
-	s.uncommitted -= len(m.batches)
 	if m.err != nil && m.c.uncaptured.Load() {
 		// The history has events the stream does not: this node may no
 		// longer write the session (another owner wrote those seqs, or
@@ -277,65 +264,18 @@ func (s *sessionActor) onCommitted(m *committed) {
 		m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
 		s.send(&leaseLost{why: "its events could not be captured"})
 	}
+	res := s.eventLog.settle(m, time.Now())
 	if m.err != nil {
-		var dropped []pendingEvent
-		for _, b := range m.batches {
-			dropped = append(dropped, b.pend...)
-		}
-		if m.batches[0].gen == s.gen {
-			// The first failure of this generation. Nothing of it is
-			// durable, and what is queued behind it was numbered after
-			// it: the committer drops that, we drop what we have not
-			// queued yet and number on from the last durable seq. None
-			// of it was published, so no seq is reused.
-			s.log.Warn("commit events", "err", m.err, "dropped", int(s.nextSeq-s.durable-1))
-			dropped = append(dropped, s.outbox...)
-			s.outbox = nil
-			s.gen++
-			s.nextSeq = s.durable + 1
-			s.metaNext = s.meta
-			s.metaDirty = false
-			for _, f := range s.metaAfter {
-				dropped = append(dropped, pendingEvent{after: f})
-			}
-			s.metaAfter = nil
-		}
-		for _, p := range dropped {
-			if p.after != nil {
-				p.after(m.err)
-			}
-		}
-		for _, b := range m.batches {
-			for _, f := range b.metaAfter {
-				f(m.err)
-			}
+		if res.firstFailure {
+			s.log.Warn("commit events", "err", m.err, "dropped", res.dropped)
 		}
 		return
 	}
-	for _, b := range m.batches {
-		if n := len(b.pend); n > 0 {
-			s.h.metrics.appended.Add(float64(n))
-			s.durable = b.pend[n-1].ev.Seq
-			now := session.Time{Time: time.Now().UTC()}
-			s.lastActivity = &now
-		}
-		if b.meta != nil {
-			s.meta = *b.meta
-		}
+	if res.appended > 0 {
+		s.h.metrics.appended.Add(float64(res.appended))
 	}
 	if m.metaErr != nil {
 		s.log.Warn("write metadata; will retry", "err", m.metaErr)
-		s.metaDirty = true
-	}
-	for _, b := range m.batches {
-		for _, p := range b.pend {
-			if p.after != nil {
-				p.after(nil)
-			}
-		}
-		for _, f := range b.metaAfter {
-			f(m.metaErr)
-		}
 	}
 	s.catalogChanged()
 }

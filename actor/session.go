@@ -28,20 +28,6 @@ type spawnInfo struct {
 	opened atomic.Bool // an incarnation opened the history: restarts open it at once
 }
 
-// phase is where a session actor is in its life.
-type phase int
-
-const (
-	phaseNew         phase = iota // waiting for the place request that says create or open
-	phaseOpening                  // opening or creating the history, subscribing
-	phaseActive                   // serving its Cmd subject
-	phaseDraining                 // Cmd subscription draining before hibernation
-	phaseWaking                   // re-subscribing after a drain that found new work
-	phaseClosing                  // closing the history before hibernation
-	phasePassivating              // asked the manager to stop it; bounces place requests
-	phaseDeleting                 // delete in progress
-)
-
 // cmdMsg is a request from the session's Cmd subscription, decoded on the
 // subscription's goroutine (in parallel with the actor, and on a goroutine
 // whose stack has grown to what decoding needs: protoactor runs an actor on a
@@ -119,8 +105,22 @@ type openResult struct {
 }
 
 // sessionActor owns one session: its history (sole writer), its turn queue,
-// its Cmd subscription and its sandbox. All fields are owned by the actor's
-// goroutine, except where noted.
+// its Cmd subscription and its sandbox. Receive runs on one goroutine at a
+// time and dispatches to the components below, plain values it owns (no
+// locks): each has its own file, type and unit tests.
+//
+//	activation  activation.go  phase, lifecycle flags, requests waiting on them
+//	eventLog    eventlog.go    seq numbering, outbox, commit reports, metadata
+//	turnQueue   turnqueue.go   queued prompts, the running turn, previous turn
+//	sandboxUse  sandboxuse.go  the session's box, sandbox op, sandbox state
+//	timers      timers.go      idle (hibernate_after), drain, catalog, checkpoint
+//
+// The agent runtime (agent.go, agent_turn.go) is one more component beside
+// them. The components are embedded, so their fields and methods are reached
+// as s.phase, s.emit and so on from the files that predate the split. The
+// fields below are the actor's own: its identity, its goroutines, its
+// NATS subscription and history, the lease (lease.go) and checkpoints
+// (checkpoint.go).
 type sessionActor struct {
 	h    *Host
 	id   session.ID
@@ -134,96 +134,51 @@ type sessionActor struct {
 	mu      sync.Mutex
 	handoff *handoff // guarded by mu
 
-	phase    phase
-	creator  *placeMsg   // the create request being served
-	waiting  []*placeMsg // place requests answered once the Cmd subscription is live
-	early    []*cmdMsg   // commands that arrived before the history was open
-	current  *nats.Msg   // the command being handled, answered if it panics
-	traces   turnTraces  // links turns to the commands that queued them
-	shutting bool
-	openErr  error // why activation failed
+	activation
+	eventLog
+	turnQueue
+	sandboxUse
+	timers
 
-	idleTimer *time.Timer // runs while idle; fires idleTimeout
-	idleGen   uint64      // generation of idleTimer; stale ticks are ignored
-	touched   bool        // a request arrived in this Receive
+	current *nats.Msg // the command being handled, answered if it panics
 
-	hist      History
-	sub       *nats.Subscription
-	draining  *nats.Subscription
-	committer *committer
-	meta      session.Meta  // durable metadata
-	metaNext  session.Meta  // metadata including changes not yet committed
-	metaDirty bool          // metaNext must be written with the next batch
-	metaAfter []func(error) // run once metaNext is written (or not)
+	hist     History
+	sub      *nats.Subscription
+	draining *nats.Subscription
 
-	nextSeq     session.Seq // seq of the next event
-	durable     session.Seq // seq of the last committed event
-	outbox      []pendingEvent
-	uncommitted int    // batches queued on the committer and not yet reported
-	gen         uint64 // commit generation: incremented by a failed commit
-	maxData     int    // the largest event data that publishes
-
-	catalogTimer   *time.Timer // runs while a catalog update waits for CatalogInterval
-	catalogAt      time.Time   // when the catalog entry was last written
-	catalogSeq     session.Seq // the last_seq it was written with
+	catalogAt      time.Time // when the catalog entry was last written
+	catalogSeq     session.Seq
 	catalogSandbox session.SandboxState
 
-	turns        session.Turns
-	runner       *runner
-	sandboxState session.SandboxState
-	lastActivity *session.Time // when the last event was committed; nil if unknown
-	recent       recentPrompts
-	prev         *previousTurn // how the last turn ended (EnvPreviousTurn)
-
-	// box is the session's sandbox, kept by the host across activations;
-	// nil until the session uses a sandbox on this node.
-	box *box
-	// op is the sandbox op running outside turns (putting it to sleep);
-	// turns wait for it.
-	op *boxOp
 	// lease is this activation's ownership lease; fence its fencing
 	// token, given to the sandbox, workspace saves and checkpoints.
 	lease *lease
 	fence int64
-	// lost: the lease was lost; the actor stopped serving at once.
-	lost bool
-	// ckptTimer runs while active; ckptRunning while a periodic
-	// checkpoint is written; ckptSeq is the last seq checkpointed.
-	ckptTimer   *time.Timer
+	// ckptRunning while a periodic checkpoint is written; ckptSeq is the
+	// last seq checkpointed.
 	ckptRunning bool
 	ckptSeq     session.Seq
-	// drainTimer cancels the running turn DrainGrace after the host began
-	// closing.
-	drainTimer *time.Timer
-	// closing is the committer that close stops off the actor; the lease
-	// lost meanwhile aborts it.
-	closing *committer
-	// sleepDue is the generation of a sleep timer that fired; 0 if none.
-	sleepDue uint64
-	// shutdownSlept: the sandbox was put to sleep for the host's shutdown.
-	shutdownSlept bool
-
-	deleteMsg     *nats.Msg
-	deleteStarted bool
 
 	// files holds the file writes waiting for the running turn (files.go).
 	files fileQueue
 
-	// metered: counted in the node's active sessions gauge.
-	metered bool
 	// notes from the model gateway that arrived before the session was
 	// active (agent.go).
 	notes []*sessionNote
 }
 
 func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
-	return &sessionActor{
-		h:            h,
-		id:           id,
-		info:         info,
-		log:          h.log.With("session", id),
-		sandboxState: session.SandboxNone,
+	s := &sessionActor{
+		h:          h,
+		id:         id,
+		info:       info,
+		log:        h.log.With("session", id),
+		sandboxUse: sandboxUse{sandboxState: session.SandboxNone},
 	}
+	s.illegal = func(from, to phase) {
+		s.log.Error("bug: a session moved between phases that do not connect", "from", from, "to", to)
+	}
+	return s
 }
 
 // Receive handles one message. It never blocks on disk, the network or a
@@ -249,13 +204,13 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 	case *proto.Stopped:
 		return
 	case *placeMsg:
-		s.touched = true
+		s.touch()
 		s.onPlace(ctx, m)
 	case *cmdMsg:
 		// Reads (info, history) do not keep a session awake: a client
 		// polling GET /v1/sessions/{id} must not defeat hibernation.
 		if op := m.cmd.Op; op != session.OpInfo && op != session.OpHistory {
-			s.touched = true
+			s.touch()
 		}
 		s.onCmd(m)
 	case *shutdownSession:
@@ -281,8 +236,7 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case fileMsg: // files.go
 		m.handle(s)
 	case *idleTimeout:
-		if m.gen == s.idleGen && s.idleTimer != nil {
-			s.idleTimer = nil
+		if s.idleFired(m.gen) {
 			s.onIdle(ctx)
 		}
 	case *opened:
@@ -324,8 +278,7 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case *approvalExpired:
 		s.onApprovalExpired(m)
 	case *boxOpDone:
-		if m.op == s.op {
-			s.op = nil
+		if s.opDone(m.op) {
 			s.maybeStartTurn()
 		}
 	}
@@ -358,46 +311,25 @@ func (s *sessionActor) spawn(f func()) {
 // it after each request. (protoactor's SetReceiveTimeout does this too, but
 // its timer callback races with the actor on the context's fields.)
 func (s *sessionActor) armIdle() {
-	touched := s.touched
-	s.touched = false
-	if (s.phase == phaseActive && s.idle()) || s.phase == phaseNew {
-		if s.idleTimer != nil && !touched {
-			return
-		}
-		s.stopIdle()
-		s.idleGen++
-		gen := s.idleGen
-		s.idleTimer = time.AfterFunc(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
-		return
-	}
-	s.stopIdle()
-}
-
-func (s *sessionActor) stopIdle() {
-	if s.idleTimer != nil {
-		s.idleTimer.Stop()
-		s.idleTimer = nil
-	}
+	idle := (s.phase == phaseActive && s.idle()) || s.phase == phaseNew
+	s.timers.armIdle(idle, s.h.cfg.HibernateAfter, func(gen uint64) { s.send(&idleTimeout{gen: gen}) })
 }
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
-	return s.runner == nil && s.op == nil && s.turns.Idle() && s.uncommitted == 0 && len(s.outbox) == 0 &&
-		!s.metaDirty && len(s.waiting) == 0 && s.sleepDue == 0 && s.files.idle()
+	return s.turnQueue.idle() && s.sandboxUse.idle() && !s.eventLog.pending() && len(s.waiting) == 0 && s.files.idle()
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
 // the log and do not run.
 func (s *sessionActor) quiet() bool {
-	return s.runner == nil && s.op == nil && s.uncommitted == 0 && len(s.outbox) == 0 && !s.metaDirty
+	return s.runner == nil && s.op == nil && !s.eventLog.pending()
 }
 
 // --- activation -----------------------------------------------------------
 
 func (s *sessionActor) onPlace(ctx proto.Context, p *placeMsg) {
-	if p.sleep != 0 && s.phase != phasePassivating {
-		s.sleepDue = p.sleep
-	}
+	s.sleepFired(p.sleep, s.phase)
 	switch s.phase {
 	case phaseNew:
 		if p.req.Op == session.PlaceCreate {
@@ -436,7 +368,7 @@ func (s *sessionActor) answerPlace(p *placeMsg) {
 // startOpen opens (or, for create, creates) the history on a goroutine and
 // subscribes the Cmd subject; the result comes back as opened.
 func (s *sessionActor) startOpen(create *placeMsg) {
-	s.phase = phaseOpening
+	s.toOpening()
 	subject := s.h.cfg.Subjects.Cmd(s.id)
 	self := s.self
 	s.spawn(func() {
@@ -748,32 +680,22 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 			respond(s.creator.msg, rep)
 			s.creator = nil
 		}
-		for _, p := range s.waiting {
+		for _, p := range s.takeWaiting() {
 			respond(p.msg, rep)
 		}
-		s.waiting = nil
-		for _, c := range s.early {
+		for _, c := range s.takeEarly() {
 			respond(c.msg, rep)
 		}
-		s.early = nil
-		s.phase = phasePassivating
+		s.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 		return
 	}
 	s.info.opened.Store(true)
 	s.hist, s.sub = ho.hist, ho.sub
 	s.lease, s.fence = ho.lease, ho.lease.fence
-	s.meta, s.metaNext = ho.open.meta, ho.open.meta
-	s.durable, s.nextSeq = ho.open.last, ho.open.last+1
-	s.maxData = maxEventData(s.h.cfg.NATS)
-	s.turns.Restore(ho.open.lastTurn)
-	for _, p := range ho.open.queue {
-		s.turns.Enqueue(p)
-	}
+	s.eventLog.restore(ho.open.meta, ho.open.last, ho.open.lastTime, maxEventData(s.h.cfg.NATS))
+	s.turnQueue.restore(ho.open.lastTurn, ho.open.queue, ho.open.prev, ho.open.prompted)
 	s.sandboxState = ho.open.sandbox
-	s.lastActivity = ho.open.lastTime
-	s.prev = ho.open.prev
-	s.recent.partial = ho.open.prompted
 	s.box = s.h.boxes.lookup(s.id)
 	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {
 		s.armSleep() // Its timer was lost with a previous incarnation.
@@ -784,7 +706,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	// hibernation if nothing is committed meanwhile.
 	s.ckptSeq = session.Seq(ho.lease.checkpointed.Load())
 	s.armCheckpoint()
-	s.phase = phaseActive
+	s.toActive()
 	s.metered = true
 	s.h.metrics.activated()
 	s.putCatalog()
@@ -793,9 +715,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 		s.answerPlace(s.creator)
 	}
 	s.answerWaiting()
-	early := s.early
-	s.early = nil
-	for _, c := range early {
+	for _, c := range s.takeEarly() {
 		s.onCmd(c)
 	}
 	s.maybeStartTurn()
@@ -803,9 +723,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 }
 
 func (s *sessionActor) answerWaiting() {
-	waiting := s.waiting
-	s.waiting = nil
-	for _, p := range waiting {
+	for _, p := range s.takeWaiting() {
 		s.answerPlace(p)
 	}
 }
@@ -815,7 +733,7 @@ func (s *sessionActor) answerWaiting() {
 func (s *sessionActor) onIdle(ctx proto.Context) {
 	switch {
 	case s.phase == phaseNew:
-		s.phase = phasePassivating
+		s.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 	case s.phase == phaseActive && s.idle():
 		s.log.Debug("hibernating")
@@ -831,9 +749,7 @@ func (s *sessionActor) drain() {
 	sub := s.sub
 	s.sub = nil
 	s.draining = sub
-	if s.phase != phaseDeleting {
-		s.phase = phaseDraining
-	}
+	s.toDraining() // a session being deleted stays deleting
 	if sub == nil {
 		s.send(&cmdDrained{})
 		return
@@ -863,7 +779,7 @@ func (s *sessionActor) onDrained(ctx proto.Context, sub *nats.Subscription) {
 			return
 		}
 		// Work arrived while draining: serve again.
-		s.phase = phaseWaking
+		s.toWaking()
 		subject, self := s.h.cfg.Subjects.Cmd(s.id), s.self
 		s.spawn(func() {
 			ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
@@ -888,15 +804,14 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 		}
 		return
 	}
-	s.phase = phaseActive
+	s.toActive()
 	if ho.err != nil {
 		// Without a subscription nobody can reach the session: it finishes
 		// what it has and hibernates; the next request places it again.
 		s.log.Warn("re-subscribe", "err", ho.err)
-		for _, p := range s.waiting {
+		for _, p := range s.takeWaiting() {
 			respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session could not subscribe; retry")))
 		}
-		s.waiting = nil
 		return
 	}
 	s.sub = ho.sub
@@ -906,7 +821,7 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 // close closes the history on a goroutine once reads and commits are done;
 // closedMsg follows.
 func (s *sessionActor) close(ctx proto.Context) {
-	s.phase = phaseClosing
+	s.toClosing()
 	s.files.abort() // files.go
 	s.h.metrics.hibernated(&s.metered)
 	hist, c := s.hist, s.committer
@@ -962,12 +877,11 @@ func (s *sessionActor) close(ctx proto.Context) {
 // meanwhile go back to the manager, which holds them until the actor is gone
 // and then starts a new one.
 func (s *sessionActor) passivate(ctx proto.Context) {
-	s.phase = phasePassivating
+	s.toPassivating()
 	ctx.Send(ctx.Parent(), &passivate{pid: s.self})
-	for _, p := range s.waiting {
+	for _, p := range s.takeWaiting() {
 		ctx.Send(ctx.Parent(), &bounced{m: p})
 	}
-	s.waiting = nil
 }
 
 // --- shutdown -------------------------------------------------------------
@@ -976,13 +890,13 @@ func (s *sessionActor) onShutdown(ctx proto.Context) {
 	s.shutting = true
 	switch s.phase {
 	case phaseNew:
-		s.phase = phasePassivating
+		s.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 	}
-	if s.runner != nil && s.drainTimer == nil {
+	if s.runner != nil {
 		// Running turns may finish within DrainGrace; then they are
 		// cancelled.
-		s.drainTimer = time.AfterFunc(s.h.cfg.DrainGrace, func() { s.send(&drainExpired{}) })
+		s.armDrain(s.h.cfg.DrainGrace, func() { s.send(&drainExpired{}) })
 	}
 }
 
@@ -1010,10 +924,7 @@ func (s *sessionActor) teardownNow(why string) {
 	s.stopIdle()
 	s.stopCatalogTimer()
 	s.stopCheckpointTimer()
-	if s.drainTimer != nil {
-		s.drainTimer.Stop()
-		s.drainTimer = nil
-	}
+	s.stopDrain()
 	if s.lost {
 		// The stream is out of reach or fenced.
 		for _, c := range []*committer{s.committer, s.closing} {
@@ -1035,10 +946,7 @@ func (s *sessionActor) teardownNow(why string) {
 		s.runner = nil
 	}
 	s.files.abort() // files.go
-	if s.op != nil {
-		s.op.cancel()
-		s.op = nil
-	}
+	s.cancelOp()
 	if s.committer != nil {
 		s.committer.stop()
 		s.committer = nil
@@ -1065,10 +973,9 @@ func (s *sessionActor) teardownNow(why string) {
 		cancel()
 		s.lease = nil
 	}
-	for _, p := range s.waiting {
+	for _, p := range s.takeWaiting() {
 		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session stopped; retry")))
 	}
-	s.waiting = nil
 	if s.phase != phasePassivating {
 		s.log.Info("session actor torn down", "why", why)
 	}

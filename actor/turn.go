@@ -599,7 +599,7 @@ func (r *runner) acquire() bool {
 // maybeStartTurn starts the next queued turn if none runs.
 func (s *sessionActor) maybeStartTurn() {
 	s.startFileOps() // Writes received during the last turn go first (files.go).
-	for s.runner == nil && s.op == nil && !s.shutting && (s.phase == phaseActive || s.phase == phaseDraining || s.phase == phaseWaking) {
+	for s.runner == nil && s.op == nil && !s.shutting && s.serving() {
 		t, ok := s.turns.Next()
 		if !ok {
 			return
@@ -691,7 +691,7 @@ func (s *sessionActor) setSandboxState(state session.SandboxState, detail string
 }
 
 func (s *sessionActor) onTurnEvent(m *turnEvent) {
-	if m.r != s.runner || s.phase == phaseDeleting {
+	if !s.owns(m.r) || s.phase == phaseDeleting {
 		m.r.release()
 		return
 	}
@@ -699,7 +699,7 @@ func (s *sessionActor) onTurnEvent(m *turnEvent) {
 }
 
 func (s *sessionActor) onTurnApproval(m *turnApproval) {
-	if m.r != s.runner || s.phase == phaseDeleting {
+	if !s.owns(m.r) || s.phase == phaseDeleting {
 		m.r.release()
 		return
 	}
@@ -733,21 +733,13 @@ func (s *sessionActor) onSandboxNote(m *sandboxNote) {
 }
 
 func (s *sessionActor) onTurnExited(m *turnExited) {
-	if m.r != s.runner {
+	if !s.owns(m.r) {
 		return
 	}
-	s.runner = nil
-	s.turns.Finish(m.r.turn)
+	s.exited(m)
 	s.h.metrics.turnFinished(m.status, m.duration)
 	if m.fence > s.fence {
 		s.fence = m.fence
-	}
-	s.prev = &previousTurn{Turn: m.r.turn, Status: m.status, ExitCode: m.code}
-	if m.status != session.TurnOK {
-		s.prev.Reason = m.reason
-		if n := len(m.errors); n > 0 && m.reason == "" {
-			s.prev.Reason = m.errors[n-1].Message
-		}
 	}
 	if s.phase == phaseDeleting {
 		return
