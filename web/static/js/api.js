@@ -223,3 +223,63 @@ export function fork(id, atSeq, title) {
   if (title) body.title = title;
   return request('POST', `${base(id)}/fork`, body);
 }
+
+// --- managing a session (owner; DESIGN §7, docs/automation.md) -----------
+
+/** patchSession changes a session's title and settings: {title?, settings?} → Session. */
+export function patchSession(id, body) {
+  return request('PATCH', base(id), body);
+}
+
+/** putEgress replaces the session's own egress allowlist → Session. */
+export function putEgress(id, allow) {
+  return request('PUT', `${base(id)}/egress`, { allow });
+}
+
+/** listSecrets returns the session's secrets as [{name, updated_at, updated_by}]: never values. */
+export async function listSecrets(id, opts) {
+  return (await request('GET', `${base(id)}/secrets`, undefined, opts)).secrets || [];
+}
+
+/** putSecret sets a secret's value; the value goes to the session's node only and is never read back. */
+export function putSecret(id, name, value) {
+  return request('PUT', `${base(id)}/secrets/${enc(name)}`, { value });
+}
+
+/** deleteSecret removes a secret. */
+export function deleteSecret(id, name) {
+  return request('DELETE', `${base(id)}/secrets/${enc(name)}`);
+}
+
+/** listSchedules returns the schedules the caller sees (theirs, or the tenant's for an admin). */
+export async function listSchedules(opts) {
+  return (await request('GET', '/v1/schedules', undefined, opts)).schedules || [];
+}
+
+/** createSchedule creates a schedule: {cron, tz?, session, prompt, missed?} → Schedule. */
+export function createSchedule(spec) {
+  return request('POST', '/v1/schedules', spec);
+}
+
+/** deleteSchedule deletes a schedule. */
+export function deleteSchedule(id) {
+  return request('DELETE', `/v1/schedules/${enc(id)}`);
+}
+
+/** pauseSchedule pauses (pause true) or resumes a schedule → Schedule. */
+export function pauseSchedule(id, pause) {
+  return request('POST', `/v1/schedules/${enc(id)}/${pause ? 'pause' : 'resume'}`, {});
+}
+
+/**
+ * listTasks returns the repository tasks the caller sees, or null on a
+ * server that does not list them (GET /v1/tasks is newer than tasks).
+ */
+export async function listTasks(opts) {
+  try {
+    return (await request('GET', '/v1/tasks', undefined, opts)).tasks || [];
+  } catch (err) {
+    if (err instanceof APIError && (err.status === 404 || err.status === 405)) return null;
+    throw err;
+  }
+}

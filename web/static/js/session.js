@@ -18,9 +18,11 @@ import { renderRow } from './rows.js';
 import * as md from './markdown.js';
 import { visible, usageText } from './agent.js';
 import { Workspace } from './workspace.js';
+import { Manage } from './manage.js';
 
 const NOTIFY_KEY = 'atrium.notify'; // "1" when the user asked for browser notifications
 const STREAM_RENDERS_PER_S = 10; // how often a streaming message is rendered again
+const TYPING_EVERY_MS = 2000; // how often a typing frame is repeated while typing (the server's TTL is 6 s)
 
 /** PAGE is how many events the page reads first, and per older page. */
 export const PAGE = 200;
@@ -80,6 +82,11 @@ export class SessionPage {
     this.renderNotify();
     this.presenceEl = h('ul', { class: 'presence', id: 'presence', attrs: { 'aria-label': 'Here now' } });
     this.shareBtn = h('button', { type: 'button', class: 'small', id: 'share-open', hidden: true, text: 'Share', on: { click: () => this.openShare() } });
+    this.manage = new Manage({
+      id: this.id, session: () => this.session, login: () => this.app.login(),
+      onSession: (s) => this.setSession({ ...this.session, ...s }),
+    });
+    this.manageBtn = h('button', { type: 'button', class: 'small', id: 'manage-open', hidden: true, text: 'Manage', on: { click: () => this.manage.show() } });
     this.ws = new Workspace({ id: this.id, canDrive: () => !this.fatal && rank(this.role) >= 2, onClose: () => this.filesBtn.setAttribute('aria-expanded', 'false') });
     this.filesBtn = h('button', { type: 'button', class: 'small', id: 'files-open', text: 'Files', attrs: { 'aria-expanded': 'false', 'aria-controls': 'workspace' }, on: { click: () => {
       if (this.ws.open) this.ws.close();
@@ -99,6 +106,7 @@ export class SessionPage {
       id: 'prompt', name: 'prompt', rows: 1, autocomplete: 'off', spellcheck: false,
       placeholder: 'Type a prompt…', attrs: { 'aria-describedby': 'prompt-hint', enterkeyhint: 'send' },
     });
+    this.promptEl.addEventListener('input', () => this.typed());
     this.promptEl.addEventListener('keydown', (e) => {
       if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && !e.altKey && !e.ctrlKey && !e.metaKey) {
         e.preventDefault();
@@ -111,6 +119,7 @@ export class SessionPage {
       h('div', { class: 'composer-actions' },
         h('button', { type: 'submit', class: 'primary', id: 'send', text: 'Send' })),
       h('p', { class: 'hint', id: 'prompt-hint', text: 'Enter sends · Shift+Enter adds a line · Esc cancels the running turn' }));
+    this.typingEl = h('p', { class: 'typing', id: 'typing', hidden: true, attrs: { 'aria-live': 'polite' } });
     this.viewerNote = h('p', { class: 'viewer-note', id: 'viewer-note', hidden: true,
       text: 'You are watching as a viewer. An owner of this session can make you a driver so you can prompt.' });
 
@@ -123,12 +132,13 @@ export class SessionPage {
           h('a', { href: '/', class: 'back', data: { nav: '' }, attrs: { 'aria-label': 'All sessions' }, text: '←' }),
           title, this.roleEl),
         h('div', { class: 'sbar-status' },
-          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.usageEl, this.presenceEl, this.filesBtn, this.notifyBtn, this.shareBtn)),
+          this.connEl, this.retryBtn, this.sandboxEl, this.turnEl, this.cancelTop, this.usageEl, this.presenceEl, this.filesBtn, this.notifyBtn, this.shareBtn, this.manageBtn)),
       this.banner,
       this.scroller,
-      h('div', { class: 'bottom' }, this.queueEl, this.composer, this.viewerNote),
+      h('div', { class: 'bottom' }, this.queueEl, this.typingEl, this.composer, this.viewerNote),
       this.ws.el,
       this.dialog,
+      this.manage.el,
       this.confirmDlg,
       this.announcer));
   }
@@ -219,6 +229,8 @@ export class SessionPage {
     this.composer.hidden = !drive;
     this.viewerNote.hidden = drive || this.fatal !== '' || !this.role;
     this.shareBtn.hidden = this.fatal !== '' || rank(this.role) < 3;
+    this.manageBtn.hidden = this.shareBtn.hidden;
+    if (this.manageBtn.hidden) this.manage.close();
     if (changed && this.timeline) this.timeline.refresh(); // approval buttons follow the role
     this.renderStatus();
   }
@@ -253,7 +265,7 @@ export class SessionPage {
     switch (ev.kind) {
       case 'message':
         if (d.client_id && this.outbox.delete(d.client_id)) this.renderQueue();
-        if (this.caughtUp && ev.by !== this.me) this.announce(`${ev.by} sent a prompt`);
+        if (this.caughtUp && ev.by !== this.me) this.said = `${ev.by} sent a prompt`;
         break;
       case 'turn_started':
         this.timeline.update(d.prompt_seq);
@@ -266,7 +278,7 @@ export class SessionPage {
         for (const [id, st] of this.streams) if (st.turn === d.turn) this.endStream(id);
         this.ws.changed();
         if (this.caughtUp) {
-          this.announce(`Turn ${d.turn} ${d.status}`);
+          this.said = `Turn ${d.turn} ${d.status}`;
           if (document.hidden) {
             this.attention = 'finished';
             this.finishedTurn = d.turn;
@@ -277,7 +289,7 @@ export class SessionPage {
       }
       case 'approval_requested':
         if (this.caughtUp) {
-          this.announce(`Approval requested: ${d.title || d.summary || d.id}`);
+          this.said = `Approval requested: ${d.title || d.summary || d.id}`;
           if (rank(this.role) >= 2) this.notify('Approval needed', d.title || d.summary || d.id);
         }
         break;
@@ -291,8 +303,7 @@ export class SessionPage {
         for (const seq of list) if (seq !== ev.seq) this.timeline.update(seq);
         break;
       }
-      case 'usage':
-        this.renderUsage();
+      case 'usage': // the status render (scheduled below) shows the totals
         break;
       case 'files_changed':
         this.ws.changed();
@@ -450,27 +461,57 @@ export class SessionPage {
     this.retryBtn.hidden = s.state !== 'waiting';
   }
 
+  // typed tells the others that this user is typing a prompt: a typing
+  // frame at most every TYPING_EVERY_MS while the prompt box has text
+  // (sending the prompt ends it on the server).
+  typed() {
+    if (!this.promptEl.value.trim() || rank(this.role) < 2 || this.fatal || !this.stream) return;
+    const now = Date.now();
+    if (this.typingSent && now - this.typingSent < TYPING_EVERY_MS) return;
+    if (this.stream.send({ type: 'typing' })) this.typingSent = now;
+  }
+
   setPresence(watchers) {
     const byUser = new Map();
     for (const w of watchers) {
-      const p = byUser.get(w.user) || { user: w.user, conns: 0, since: w.since };
+      if (!w || typeof w.user !== 'string') continue;
+      const p = byUser.get(w.user) || { user: w.user, conns: 0, since: w.since, typing: false };
       p.conns++;
       if (w.since < p.since) p.since = w.since;
+      if (w.typing === true) p.typing = true;
       byUser.set(w.user, p);
     }
     const people = [...byUser.values()].sort((a, b) => (a.user === this.me ? -1 : b.user === this.me ? 1 : a.user.localeCompare(b.user)));
     this.presence = people;
     this.presenceEl.replaceChildren(...people.map((p) => {
       const label = `${p.user}${p.user === this.me ? ' (you)' : ''}${p.conns > 1 ? `, ${p.conns} tabs` : ''}`;
-      return h('li', { title: label, data: { user: p.user } }, avatar(p.user), h('span', { class: 'name', text: p.user }),
-        h('span', { class: 'sr-only', text: label.slice(p.user.length) }));
+      return h('li', { title: `${label}${p.typing ? ', typing' : ''}`, class: p.typing ? 'typing' : '', data: { user: p.user } },
+        avatar(p.user), h('span', { class: 'name', text: p.user }),
+        p.typing ? h('span', { class: 'pen', attrs: { 'aria-hidden': 'true' }, text: '✎' }) : null,
+        h('span', { class: 'sr-only', text: `${label.slice(p.user.length)}${p.typing ? ', typing' : ''}` }));
     }));
+    this.renderTyping();
+  }
+
+  // renderTyping says who else is typing a prompt, above the prompt box.
+  renderTyping() {
+    const who = this.presence.filter((p) => p.typing && p.user !== this.me).map((p) => p.user);
+    let text = '';
+    if (who.length === 1) text = `${who[0]} is typing…`;
+    else if (who.length === 2) text = `${who[0]} and ${who[1]} are typing…`;
+    else if (who.length > 2) text = `${who[0]}, ${who[1]} and ${plural(who.length - 2, 'other')} are typing…`;
+    this.typingEl.hidden = !text;
+    if (this.typingEl.textContent !== text) this.typingEl.textContent = text;
   }
 
   scheduleStatus() {
     if (this.statusTimer) return;
     this.statusTimer = requestAnimationFrame(() => {
       this.statusTimer = null; // cancels a scheduled status render
+      if (this.said) { // a burst of events announces its last news only
+        this.announce(this.said);
+        this.said = '';
+      }
       this.renderStatus();
       this.renderQueue();
       this.renderUsage();
@@ -487,7 +528,7 @@ export class SessionPage {
     if (!m) return;
     const sb = m.sandbox;
     this.sandboxEl.hidden = !sb;
-    this.sandboxEl.textContent = `Sandbox ${sb}`;
+    this.sandboxEl.textContent = `Sandbox ${sb}${sandboxWhere(this.session)}`;
     this.sandboxEl.dataset.state = sb || '';
     const r = m.running;
     let text;
@@ -694,6 +735,7 @@ export class SessionPage {
     this.outbox.set(cid, o);
     this.sendPrompt(cid, o);
     this.promptEl.value = '';
+    this.typingSent = 0; // the prompt ended the typing on the server
     this.renderQueue();
   }
 
@@ -999,12 +1041,13 @@ export class SessionPage {
     this.stopStream();
     if (this.timeline) this.timeline.destroy();
     clearInterval(this.ticker);
-    if (this.statusTimer) this.statusTimer();
+    if (this.statusTimer) cancelAnimationFrame(this.statusTimer);
     document.removeEventListener('keydown', this.onKey);
     document.removeEventListener('visibilitychange', this.onVisible);
     this.clearStreams();
     if (this.dialog.open) this.dialog.close();
     if (this.confirmDlg.open) this.confirmDlg.close();
+    this.manage.close();
     document.title = 'Atrium';
   }
 }
@@ -1012,6 +1055,18 @@ export class SessionPage {
 function apply(m, c) {
   if (c.role === 'none' || !c.role) m.delete(c.user);
   else m.set(c.user, c.role);
+}
+
+// sandboxWhere says where the session's sandbox runs (" · local", " · VM
+// host-1"), from the fields beside state that a server may report in the
+// Session object's sandbox; "" when it reports none.
+function sandboxWhere(s) {
+  const sb = (s && s.sandbox) || {};
+  const parts = [];
+  for (const k of ['kind', 'provider', 'host', 'node']) {
+    if (typeof sb[k] === 'string' && sb[k] && !parts.includes(sb[k])) parts.push(visible(sb[k]).slice(0, 60));
+  }
+  return parts.length ? ` · ${parts.join(' ')}` : '';
 }
 
 function firstLine(text) {

@@ -5,13 +5,26 @@
 // renders newer ones, and rows far out of view are removed. While the reader
 // is at the bottom the timeline follows the live end; otherwise new events
 // wait behind a "new events" button. DOM work is batched to one frame.
+//
+// Opening at the live end renders only the tail first (TAIL rows, enough to
+// fill a tall window), so the latest event is painted after the least work;
+// the rows above it, up to INITIAL, are added after that frame is painted.
+// Rows skip layout and paint while off screen (CSS content-visibility).
+// A burst of events is rendered when it pauses (BURST_QUIET), not per frame.
 
 import { h, plural, later } from './dom.js';
 
 /** MAX_ROWS bounds the rows in the document. */
 export const MAX_ROWS = 400;
 const CHUNK = 100; // rows rendered at once when scrolling
-const INITIAL = 150; // rows rendered when (re)opening at the live end
+const INITIAL = 150; // rows rendered when (re)opening at the live end, in two steps:
+const TAIL = 40; // rows rendered in the first frame, the rest after it is painted
+// A burst (more than INITIAL events behind the live end while following, as
+// a resume's catch-up brings them frame after frame) is rendered once it
+// pauses for BURST_QUIET ms, or every BURST_MAX ms while it lasts, not at
+// every animation frame: each render would replace the rows shown.
+const BURST_QUIET = 12;
+const BURST_MAX = 1000;
 const EDGE = 400; // px from an edge that loads more
 
 export class Timeline {
@@ -31,6 +44,7 @@ export class Timeline {
     this.following = true;
     this.loadingOlder = false;
     this.scheduled = null; // cancels a scheduled render
+    this.filling = null; // cancels the fill scheduled after the tail's first paint
     this.top = h('div', { class: 'edge top' });
     this.jump = h('button', { type: 'button', class: 'jump', hidden: true, on: { click: () => this.jumpToLatest() } });
     scroller.prepend(this.top);
@@ -49,6 +63,7 @@ export class Timeline {
 
   /** changed schedules a render after events were added at either end. */
   changed() {
+    this.lastChange = performance.now();
     if (this.scheduled) return;
     this.scheduled = later(() => { this.scheduled = null; this.render(); });
   }
@@ -88,12 +103,29 @@ export class Timeline {
 
   render() {
     const st = this.store;
+    if (this.rendered > 0 && this.following && st.hi - this.vhi > INITIAL) {
+      const now = performance.now();
+      if (!this.burstFrom) this.burstFrom = now;
+      if (now - this.lastChange < BURST_QUIET && now - this.burstFrom < BURST_MAX) {
+        this.scheduled = later(() => { this.scheduled = null; this.render(); });
+        return;
+      }
+    }
+    this.burstFrom = 0;
+    if (this.rendered > 0 && this.following && st.hi - this.vhi > INITIAL) {
+      // A burst (a resume catching up) while following: rendering all of
+      // it would push the rows shown out anyway; start the window afresh
+      // at the live end, tail first.
+      this.vlo = 1;
+      this.vhi = 0;
+    }
     if (this.rendered <= 0) {
       if (st.size === 0) return this.edges();
       this.vhi = st.hi;
-      this.vlo = Math.max(st.lo, st.hi - INITIAL + 1);
+      this.vlo = Math.max(st.lo, st.hi - TAIL + 1);
       this.list.replaceChildren(this.rows(this.vlo, this.vhi));
       this.toBottom();
+      this.fillLater();
     } else if (this.vhi < st.hi && this.following) {
       const from = Math.max(this.vhi + 1, st.hi - MAX_ROWS + 1);
       if (from > this.vhi + 1) { // so much arrived that the window starts afresh
@@ -106,6 +138,28 @@ export class Timeline {
       this.toBottom();
     }
     this.model.trim(this.vlo);
+    this.edges();
+  }
+
+  // fillLater adds the rows above the tail, up to INITIAL, once the
+  // tail's frame is painted (a timer queued from an animation frame runs
+  // after that frame).
+  fillLater() {
+    if (this.filling) this.filling();
+    let t = 0;
+    const r = requestAnimationFrame(() => { t = setTimeout(() => { this.filling = null; this.fill(); }, 0); });
+    this.filling = () => { cancelAnimationFrame(r); clearTimeout(t); this.filling = null; };
+  }
+
+  fill() {
+    const n = Math.min(INITIAL - this.rendered, this.vlo - this.store.lo);
+    if (n <= 0 || this.rendered <= 0) return;
+    this.keep(() => {
+      this.list.prepend(this.rows(this.vlo - n, this.vlo - 1));
+      this.vlo -= n;
+    });
+    if (this.following) this.toBottom();
+    this.lastTop = this.scroller.scrollTop;
     this.edges();
   }
 
@@ -186,7 +240,7 @@ export class Timeline {
 
   /** older shows older rows, reading an older page first if needed. */
   async older() {
-    if (this.loadingOlder || this.rendered <= 0) return;
+    if (this.loadingOlder || this.rendered <= 0 || this.filling) return; // the fill comes first
     if (this.vlo > this.store.lo) {
       const n = Math.min(CHUNK, this.vlo - this.store.lo);
       this.keep(() => {
@@ -226,6 +280,7 @@ export class Timeline {
 
   /** jumpToLatest shows the live end and follows it. */
   jumpToLatest() {
+    if (this.filling) this.filling();
     this.vlo = 1;
     this.vhi = 0;
     this.following = true;
@@ -258,5 +313,6 @@ export class Timeline {
     this.top.remove();
     this.jump.remove();
     if (this.scheduled) this.scheduled();
+    if (this.filling) this.filling();
   }
 }
