@@ -14,6 +14,7 @@ import (
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/acp"
+	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -59,6 +60,11 @@ type AgentLaunch struct {
 	// SessionMode is the ACP session mode to select after session/new or
 	// session/load (the permission mode); "" for none.
 	SessionMode string
+	// Home is the host directory mounted as the agent's home (HOME,
+	// CODEX_HOME, its transcripts), which the node saves to the object
+	// store beside the workspace and restores on another node; "" for
+	// none. Launch may write settings files into it.
+	Home string
 }
 
 // Models is the node's model gateway (compute/modelgw implements it): it
@@ -93,6 +99,14 @@ const (
 	transcriptEntry = 2 << 10
 	// agentCwd is where agents work.
 	agentCwd = "/workspace"
+	// agentExitGrace is how long an agent whose input was closed (its
+	// sandbox goes to sleep, or the node stops) may take to exit, writing
+	// what it keeps (Claude Code writes its transcript after it answers),
+	// before it gets SIGTERM.
+	agentExitGrace = 2 * time.Second
+	// agentTermGrace is how long an agent has to exit after SIGTERM
+	// before it is killed.
+	agentTermGrace = 2 * time.Second
 )
 
 // agentProc is one agent process in a session's sandbox with its ACP
@@ -143,9 +157,17 @@ func (p *agentProc) kill() {
 // kills what is left and waits for them.
 type agentSet struct {
 	mu     sync.Mutex
-	procs  map[*agentProc]bool // guarded by mu
-	closed bool                // guarded by mu
+	procs  map[*agentProc]bool       // guarded by mu
+	homes  map[session.ID]*agentHome // guarded by mu: the agent homes this node holds as saved
+	closed bool                      // guarded by mu
 	wg     sync.WaitGroup
+}
+
+// agentHome is a session's agent home on this node and its saved copy: the
+// Volume restored it (or found none saved) and saves it.
+type agentHome struct {
+	dir string
+	vol *mount.Volume
 }
 
 // close kills every agent process still running and waits for their

@@ -55,6 +55,19 @@ func (r *runner) execAgent() *turnExited {
 		} else {
 			launch, err = h.cfg.Agents.Launch(a.name, r.id, ep, a.mode)
 		}
+		if err == nil && launch.Home != "" {
+			// The agent's home comes from the object store when this
+			// node does not hold it (a takeover, a fresh data dir).
+			swapped, rerr := h.restoreAgentHome(r.ctx, b, launch.Home, r.fence)
+			switch {
+			case rerr != nil:
+				r.note("", "", homeError("restored", rerr))
+			case swapped:
+				// Its settings files are written again over what was
+				// restored: the session's permission mode may differ.
+				launch, err = h.cfg.Agents.Launch(a.name, r.id, ep, a.mode)
+			}
+		}
 		if err != nil {
 			r.revoke(token)
 			return agentFailed(session.AsError(err).Code, session.AsError(err).Message)
@@ -104,6 +117,9 @@ func (r *runner) execAgent() *turnExited {
 	if !res.lost {
 		if err := h.saveTurn(r.ctx, b, r.turn); err != nil { // files.go: also records the turn's changes
 			res.errors = append(res.errors, *saveError(err))
+		}
+		if err := h.saveAgentHome(r.ctx, b, r.fence); err != nil {
+			res.errors = append(res.errors, *homeError("saved", err))
 		}
 	}
 	return res.turnExited
@@ -215,7 +231,8 @@ func (r *runner) promptAgent(p *agentProc, rehydrate bool) agentResult {
 		}
 		defer h.cfg.Models.Deactivate(p.token)
 	}
-	sink := &agentSink{r: r}
+	sink := &agentSink{r: r, deltas: newDeltaBuffer(a.publish)}
+	defer sink.deltas.close()
 	type prompted struct {
 		stop string
 		err  error
@@ -420,9 +437,11 @@ func truncateText(s string, n int) string {
 }
 
 // agentSink receives what the agent reports during a prompt (acp.Sink):
-// deltas are published at once, events take credits like a harness's.
+// deltas are coalesced and published (deltas.go), events take credits like
+// a harness's.
 type agentSink struct {
-	r *runner
+	r      *runner
+	deltas *deltaBuffer
 
 	mu      sync.Mutex
 	total   int64 // guarded by mu: event bytes of the turn
@@ -431,7 +450,7 @@ type agentSink struct {
 
 var _ acp.Sink = (*agentSink)(nil)
 
-func (s *agentSink) Delta(d session.DeltaFrame) { s.r.agent.publish(d) }
+func (s *agentSink) Delta(d session.DeltaFrame) { s.deltas.add(d) }
 
 func (s *agentSink) Event(kind session.Kind, data json.RawMessage) {
 	if !s.count(len(data)) {
@@ -467,8 +486,10 @@ func (s *agentSink) count(n int) bool {
 	return false
 }
 
-// emit sends one event to the actor once a credit is free.
+// emit sends one event to the actor once a credit is free, after the
+// deltas gathered before it.
 func (s *agentSink) emit(kind session.Kind, data json.RawMessage) {
+	s.deltas.flush()
 	if s.acquire(s.r.ctx) {
 		s.r.send(&turnEvent{r: s.r, kind: kind, data: data})
 	}
@@ -501,6 +522,7 @@ func (s *agentSink) Permission(ctx context.Context, p acp.Permission) (string, b
 		delete(a.waiters, id)
 		a.mu.Unlock()
 	}()
+	s.deltas.flush()
 	if !s.acquire(ctx) {
 		return "", false
 	}

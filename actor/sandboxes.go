@@ -365,6 +365,7 @@ var errMachineReplaced = errors.New("the sandbox's machine was replaced while th
 // does not keep it awake: sleeping keeps the workspace in the sandbox, and
 // the next save (after the next turn) retries.
 func (h *Host) sleepBox(ctx context.Context, b *box, why string, note noteFunc) {
+	h.endAgent(ctx, b, note) // agenthome.go: the agent exits, its home is saved
 	if b.vol != nil {
 		note(session.SandboxSaving, "", nil)
 		if err := h.saveBox(ctx, b); err != nil {
@@ -410,6 +411,9 @@ func (h *Host) destroyBox(ctx context.Context, b *box, hadSandbox bool, fence in
 		if err := vol.Delete(ctx); err != nil {
 			errs = append(errs, err)
 		}
+		if err := h.deleteAgentHome(ctx, b.id); err != nil { // agenthome.go
+			errs = append(errs, err)
+		}
 	}
 	b.drop()
 	return errors.Join(errs...)
@@ -439,6 +443,8 @@ func errorCode(err error) session.Code {
 		return session.CodeConflict
 	case errors.Is(err, mount.ErrCorrupt), errors.Is(err, mount.ErrInvalid):
 		return session.CodeInternal
+	case errors.Is(err, session.ErrInsufficientStorage): // a tenant's object-store quota (mount.Quota)
+		return session.CodeInsufficientStorage
 	}
 	return session.CodeUnavailable
 }
@@ -530,10 +536,19 @@ func (s *sessionActor) armSleep() {
 // session is still idle. A turn that started since made the timer stale;
 // its end arms a new one.
 func (s *sessionActor) maybeSleep() {
-	gen, ok := s.takeSleep(s.phase)
-	if !ok {
+	if s.sleepDue == 0 {
 		return
 	}
+	switch s.phase {
+	case phaseNew, phaseOpening, phaseWaking:
+		return // Not yet.
+	case phaseActive:
+	default:
+		s.sleepDue = 0
+		return
+	}
+	gen := s.sleepDue
+	s.sleepDue = 0
 	if s.box == nil || s.runner != nil || s.op != nil || s.shutting || !s.turns.Idle() ||
 		!s.h.boxes.due(s.box, gen) || !s.h.boxes.isAwake(s.box) {
 		return
@@ -547,7 +562,8 @@ func (s *sessionActor) maybeSleep() {
 func (s *sessionActor) startSleep(why string) {
 	b := s.box
 	ctx, cancel := context.WithCancel(s.h.ctx)
-	op := s.startOp(cancel)
+	op := &boxOp{cancel: cancel}
+	s.op = op
 	s.spawn(func() {
 		defer cancel()
 		s.h.sleepBox(ctx, b, why, func(state session.SandboxState, detail string, err *session.ErrorData) {

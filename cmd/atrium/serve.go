@@ -112,7 +112,8 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			MaxFileBytes: f.Sandbox.MaxFileBytes, WorkspaceQuotaBytes: f.Sandbox.WorkspaceQuotaBytes,
 			WorkspaceDiskBytes: f.Sandbox.WorkspaceDiskBytes,
 		},
-		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir},
+		Storage: server.Storage{Type: f.Storage.Type, Dir: f.Storage.Dir, TenantQuotaBytes: f.Storage.TenantQuotaBytes,
+			GCInterval: f.Storage.GCInterval, WorkspaceHistory: f.Storage.WorkspaceHistory, GCGrace: f.Storage.GCGrace},
 		Tracing: server.Tracing{
 			Endpoint: f.Tracing.OTLPEndpoint, Protocol: f.Tracing.Protocol,
 			SampleRatio: f.Tracing.SampleRatio, Insecure: f.Tracing.Insecure,

@@ -40,7 +40,7 @@ func reserve(ctx context.Context, store blob.Store, prefix string, n int64) erro
 // The count is exact after each pass and may lag behind writes made on
 // other nodes until the next one, so a tenant can exceed its quota by what
 // its sessions on other nodes write between two passes. Until the first
-// pass, nothing is refused.
+// pass, only what was reserved through q counts.
 type Quota struct {
 	// Limit is the bytes each tenant may store; 0 means no limit.
 	Limit int64
@@ -51,10 +51,9 @@ type Quota struct {
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 
-	mu       sync.Mutex
-	measured bool                  // guarded by mu: Measure ran
-	used     map[string]int64      // guarded by mu: tenant -> bytes at the last Measure plus reserved since
-	tenants  map[session.ID]string // guarded by mu: cache of TenantOf
+	mu      sync.Mutex
+	used    map[string]int64      // guarded by mu: tenant -> bytes at the last Measure plus reserved since
+	tenants map[session.ID]string // guarded by mu: cache of TenantOf
 }
 
 // Measure sets what each session stores, from a Collector's pass. Sessions
@@ -76,7 +75,7 @@ func (q *Quota) Measure(ctx context.Context, usage map[session.ID]int64) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.measured, q.used = true, used
+	q.used = used
 	for id, t := range tenants {
 		q.tenants[id] = t
 	}
@@ -134,7 +133,7 @@ func (q *Quota) Reserve(ctx context.Context, prefix string, n int64) error {
 	if q.used == nil {
 		q.used = make(map[string]int64)
 	}
-	if q.measured && q.used[t]+n > q.Limit {
+	if q.used[t]+n > q.Limit {
 		who := "this install"
 		if t != "" {
 			who = fmt.Sprintf("tenant %q", t)

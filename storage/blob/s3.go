@@ -78,8 +78,26 @@ var (
 
 // OpenS3 connects to the service of cfg. It checks that the bucket exists
 // (creating it if cfg.CreateBucket is set), so a wrong endpoint or wrong
-// credentials fail here rather than at the first save.
+// credentials fail here rather than at the first save. It is NewS3 then
+// Check.
 func OpenS3(ctx context.Context, cfg S3Config) (*S3, error) {
+	s, err := NewS3(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Check(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewS3 makes a store for cfg without contacting the service: it fails only
+// on a configuration error. A process that must start while the store is
+// down uses it and calls Check until the store answers; every operation
+// meanwhile fails with ErrUnavailable and succeeds again once the service
+// is back, with no need to reopen.
+func NewS3(cfg S3Config) (*S3, error) {
 	switch {
 	case cfg.Endpoint == "":
 		return nil, errors.New("open s3: no endpoint: set host:port of the S3 service")
@@ -132,24 +150,28 @@ func OpenS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	if cfg.Secure {
 		scheme = "https"
 	}
-	s := &S3{cfg: cfg, client: client, transport: transport, endpoint: scheme + "://" + cfg.Endpoint}
-	ok, err := client.BucketExists(ctx, cfg.Bucket)
+	return &S3{cfg: cfg, client: client, transport: transport, endpoint: scheme + "://" + cfg.Endpoint}, nil
+}
+
+// Check asks the service whether the bucket exists, creating it if
+// CreateBucket is set. An error matching ErrUnavailable means the service
+// could not be reached (try again later); any other is a configuration
+// problem (no bucket, refused credentials) that retrying will not fix.
+func (s *S3) Check(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.cfg.Bucket)
 	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open s3: check bucket %s: %w", cfg.Bucket, s.mapErr(err))
+		return fmt.Errorf("open s3: check bucket %s: %w", s.cfg.Bucket, s.mapErr(err))
 	}
-	if !ok && !cfg.CreateBucket {
-		s.Close()
-		return nil, fmt.Errorf("open s3: bucket %s does not exist at %s: create it, or set CreateBucket", cfg.Bucket, s.endpoint)
+	if !ok && !s.cfg.CreateBucket {
+		return fmt.Errorf("open s3: bucket %s does not exist at %s: create it, or set CreateBucket", s.cfg.Bucket, s.endpoint)
 	}
 	if !ok {
-		err := client.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region})
+		err := s.client.MakeBucket(ctx, s.cfg.Bucket, minio.MakeBucketOptions{Region: s.cfg.Region})
 		if err != nil && !isCode(err, "BucketAlreadyOwnedByYou", "BucketAlreadyExists") {
-			s.Close()
-			return nil, fmt.Errorf("open s3: create bucket %s: %w", cfg.Bucket, s.mapErr(err))
+			return fmt.Errorf("open s3: create bucket %s: %w", s.cfg.Bucket, s.mapErr(err))
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // Close releases idle connections. The store must not be used afterwards;

@@ -353,6 +353,14 @@ type VMHost struct {
 	TokenFile string `yaml:"token_file"`
 }
 
+// Object-store garbage collection defaults (storage.gc_interval,
+// storage.workspace_history, storage.gc_grace).
+const (
+	DefaultGCInterval       = time.Hour
+	DefaultWorkspaceHistory = 24 * time.Hour
+	DefaultGCGrace          = time.Hour
+)
+
 // Storage configures object storage for workspaces (and, later, history
 // checkpoints).
 type Storage struct {
@@ -360,6 +368,14 @@ type Storage struct {
 	Type string `yaml:"type"`
 	Dir  string `yaml:"dir"` // default <data_dir>/objects
 	S3   S3     `yaml:"s3"`
+	// TenantQuotaBytes limits what each tenant's sessions store (0: no
+	// limit); GCInterval is how often a node collects unreferenced
+	// workspace objects, WorkspaceHistory how long the workspace as of
+	// each turn is kept, GCGrace how old an unreferenced object must be.
+	TenantQuotaBytes int64         `yaml:"tenant_quota_bytes"`
+	GCInterval       time.Duration `yaml:"gc_interval"`
+	WorkspaceHistory time.Duration `yaml:"workspace_history"`
+	GCGrace          time.Duration `yaml:"gc_grace"`
 }
 
 // S3 configures an S3-compatible object store.
@@ -446,6 +462,9 @@ func (f *File) fillDefaults() {
 	def(&f.Log.Access, "on")
 	def(&f.Sandbox.Provider, "local")
 	def(&f.Storage.Type, "dir")
+	defDur(&f.Storage.GCInterval, DefaultGCInterval)
+	defDur(&f.Storage.WorkspaceHistory, DefaultWorkspaceHistory)
+	defDur(&f.Storage.GCGrace, DefaultGCGrace)
 	def(&f.Tracing.Protocol, TracingHTTP)
 	defDur(&f.Auth.CookieTTL, DefaultCookieTTL)
 	defDur(&f.Auth.TokenTTL, 90*24*time.Hour)
@@ -553,6 +572,18 @@ func (f *File) Validate(dev bool) error {
 	}
 	if f.Sandbox.WorkspaceDiskBytes != 0 && f.Sandbox.WorkspaceDiskBytes < 16<<20 {
 		bad("sandbox.workspace_disk_bytes", "must be at least 16 MiB (16777216), or 0 for no quota")
+	}
+	if f.Storage.TenantQuotaBytes < 0 {
+		bad("storage.tenant_quota_bytes", "must be positive (0: no limit)")
+	}
+	if f.Storage.GCInterval != 0 && f.Storage.GCInterval < time.Minute {
+		bad("storage.gc_interval", "%v is too short (at least 1m)", f.Storage.GCInterval)
+	}
+	if f.Storage.GCGrace != 0 && f.Storage.GCGrace < time.Minute {
+		bad("storage.gc_grace", "%v is too short (at least 1m: it must outlast a file upload's write of content before its manifest)", f.Storage.GCGrace)
+	}
+	if f.Storage.WorkspaceHistory < 0 {
+		bad("storage.workspace_history", "must be positive")
 	}
 	if f.Sandbox.TmpBytes < 0 {
 		bad("sandbox.tmp_bytes", "must be positive (0: the default, 1 GiB)")

@@ -104,6 +104,14 @@ type Storage struct {
 	// S3 configures StorageS3. Its bucket must exist unless CreateBucket
 	// is set.
 	S3 blob.S3Config
+	// TenantQuotaBytes limits what each tenant's sessions store (0: no
+	// limit; storagegc.go). GCInterval (0: DefaultGCInterval),
+	// WorkspaceHistory and GCGrace (0: mount's defaults) tune the
+	// garbage collection every node runs.
+	TenantQuotaBytes int64
+	GCInterval       time.Duration
+	WorkspaceHistory time.Duration
+	GCGrace          time.Duration
 }
 
 // Sandbox configures compute: which provider runs sandboxes, their limits,
@@ -293,6 +301,12 @@ type Server struct {
 	started time.Time
 	// models is the node's model gateway (models.go); nil without one.
 	models *modelNode
+	// gc collects the object store's garbage (storagegc.go); nil on a
+	// gateway.
+	gc *storageGC
+	// storeWatch reports when an object store that was down at start-up
+	// is back (storewatch.go); nil if it was up.
+	storeWatch *storeWatch
 
 	serveDone chan error
 	closeOnce sync.Once
@@ -586,9 +600,10 @@ func natsHandlers(log *slog.Logger) []nats.Option {
 // node's host.
 func (s *Server) startNode(ctx context.Context) (err error) {
 	cfg := s.cfg
-	if s.store, err = openStore(ctx, cfg.Storage); err != nil {
+	if s.store, s.storeWatch, err = openStoreWaiting(ctx, cfg.Storage, cfg.Logger.With("component", "storage")); err != nil {
 		return err
 	}
+	workspaces, quota := limitStore(cfg.Storage, s.store, s.nc, cfg.Logger.With("component", "storage"))
 	wiring, err := s.openCompute(cfg)
 	if err != nil {
 		return err
@@ -616,7 +631,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
 		Models:             s.actorModels(),
-		Store:              s.store,
+		Store:              workspaces,
 		WorkspaceOf:        wiring.workspaceOf,
 		SandboxGeneration:  wiring.generation,
 		SandboxSleepAfter:  cfg.Sandbox.SleepAfter,
@@ -642,6 +657,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err := s.host.Start(ctx); err != nil {
 		return fmt.Errorf("start node: %w", err)
 	}
+	s.gc = startStorageGC(cfg.Storage, s.store, quota, cfg.Logger.With("component", "storage"))
 	return nil
 }
 
@@ -827,6 +843,8 @@ func (s *Server) Close(ctx context.Context) error {
 			errs = append(errs, s.prov.Close(ctx))
 		}
 		errs = append(errs, s.shutdownTracing(ctx))
+		s.gc.stop()
+		s.storeWatch.stop()
 		if c, ok := s.store.(interface{ Close() error }); ok {
 			errs = append(errs, c.Close())
 		}
