@@ -229,6 +229,9 @@ type AgentOpen struct {
 	// open (GET AgentModelPath, subprotocol AgentModelSubprotocol), and
 	// the agent relays each connection its sandbox makes over one of them.
 	Model bool `json:"model,omitempty"`
+	// Egress is the sandbox's allowlist (Spec.Egress): the agent's own
+	// egress proxy lets the sandbox reach these hosts and nothing else.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // The model tunnel: a WebSocket connection the node opens to the agent and

@@ -299,6 +299,8 @@ func newNetnsHook(tb testing.TB, agentArgs ...string) *recorder {
 type inProcessHook struct {
 	tb     testing.TB
 	unsafe bool
+	// egressDial is the agents' local.Config.EgressDial; nil: the default.
+	egressDial func(ctx context.Context, network, address string) (net.Conn, error)
 
 	mu   sync.Mutex
 	vms  map[string]*inProcessVM // guarded by mu
@@ -335,7 +337,7 @@ func newInProcessHook(tb testing.TB, unsafe bool) *inProcessHook {
 func (h *inProcessHook) CreateVM(_ context.Context, req remote.HookRequest) (remote.VM, error) {
 	dir := h.tb.TempDir()
 	log := testLogger(h.tb).With("vm", req.SandboxID)
-	lp, err := local.New(local.Config{Dir: dir, Unsafe: h.unsafe, Logger: log})
+	lp, err := local.New(local.Config{Dir: dir, Unsafe: h.unsafe, EgressDial: h.egressDial, Logger: log})
 	if err != nil {
 		return remote.VM{}, err
 	}

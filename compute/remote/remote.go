@@ -340,7 +340,7 @@ func (m *machine) open(ctx context.Context, spec compute.Spec) error {
 func (m *machine) openAgentLocked(ctx context.Context, a *agent, fence int64) error {
 	err := a.call(ctx, http.MethodPost, "/v1/sandbox", fence, compute.AgentOpen{
 		Session: m.id, MemoryBytes: m.spec.MemoryBytes, Pids: m.spec.Pids, Network: m.spec.Network,
-		Model: m.spec.ModelSocket != "",
+		Model: m.spec.ModelSocket != "", Egress: m.spec.Egress,
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("open sandbox %s: %w", m.id, err)

@@ -326,7 +326,7 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request, fence int64)
 	}
 	spec := compute.Spec{
 		Session: req.Session, Fence: fence,
-		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network,
+		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network, Egress: req.Egress,
 	}
 	if req.Model {
 		sock, err := s.startModelLocked()
