@@ -12,6 +12,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/gateway/schedule"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -179,9 +180,7 @@ func (s *Server) listSchedules(w http.ResponseWriter, r *http.Request, p session
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Schedules []schedule.Schedule `json:"schedules"`
-	}{l})
+	writeJSON(w, http.StatusOK, api.ScheduleList{Schedules: l})
 }
 
 // getSchedule serves GET /v1/schedules/{id} → Schedule.
@@ -286,9 +285,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, p sessi
 			out = append(out, e)
 		}
 	}
-	writeJSON(w, http.StatusOK, struct {
-		DeadLetters []dlq.Entry `json:"dead_letters"`
-	}{out})
+	writeJSON(w, http.StatusOK, api.DeadLetterList{DeadLetters: out})
 }
 
 // retryDeadLetter serves POST /v1/dlq/{id}/retry → 202 {"id","status":

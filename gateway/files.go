@@ -21,6 +21,7 @@ import (
 
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 const (
@@ -318,10 +319,7 @@ func (s *Server) turnChanges(w http.ResponseWriter, r *http.Request, p session.P
 // (default: all of it) and the workspace as of then.
 func (s *Server) forkSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		AtSeq *session.Seq `json:"at_seq"`
-		Title string       `json:"title"`
-	}
+	var body api.Fork
 	if err := decodeBody(w, r, &body, true); err != nil {
 		s.fail(w, r, err)
 		return

@@ -9,27 +9,18 @@ import (
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // whoami serves GET /v1/whoami → {"user","tenant","admin","via","expires_at"?}.
 func (s *Server) whoami(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	writeJSON(w, http.StatusOK, struct {
-		User      string    `json:"user"`
-		Tenant    string    `json:"tenant"`
-		Admin     bool      `json:"admin"`
-		Via       string    `json:"via"`
-		ExpiresAt time.Time `json:"expires_at,omitzero"`
-	}{p.User, p.Tenant, p.Admin, p.Via, p.Expires.UTC()})
+	writeJSON(w, http.StatusOK, api.Whoami{User: p.User, Tenant: p.Tenant, Admin: p.Admin, Via: p.Via, ExpiresAt: p.Expires.UTC()})
 }
 
 // createToken serves POST /v1/tokens {"name","expires_at"?,"role"?} → 201
 // {"token","info"}: the only answer that holds the token's secret.
 func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	var body struct {
-		Name      string `json:"name"`
-		ExpiresAt string `json:"expires_at"`
-		Role      string `json:"role"`
-	}
+	var body api.TokenRequest
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -44,7 +35,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p session.P
 		}
 		req.ExpiresAt = t
 	}
-	role, err := session.ParseRole(body.Role)
+	role, err := session.ParseRole(string(body.Role))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -63,10 +54,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p session.P
 	e := entry(p, remoteOf(r), audit.ActTokenCreated)
 	e.Target, e.Detail = info.ID, tokenDetail(info)
 	s.record(r.Context(), e)
-	writeJSON(w, http.StatusCreated, struct {
-		Token string         `json:"token"`
-		Info  auth.TokenInfo `json:"info"`
-	}{tok, info})
+	writeJSON(w, http.StatusCreated, api.NewToken{Token: tok, Info: info})
 }
 
 // tokenDetail describes a token for the audit log: never its secret.
@@ -94,9 +82,7 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request, p session.Pr
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Tokens []auth.TokenInfo `json:"tokens"`
-	}{infos})
+	writeJSON(w, http.StatusOK, api.TokenList{Tokens: infos})
 }
 
 // revokeToken serves DELETE /v1/tokens/{id} → 204: the caller's own token,
@@ -165,10 +151,7 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Entries []audit.Entry `json:"entries"`
-		Next    string        `json:"next"`
-	}{entries, next})
+	writeJSON(w, http.StatusOK, api.AuditPage{Entries: entries, Next: next})
 }
 
 // parseFlag parses a boolean query value; empty is false.

@@ -9,8 +9,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/quota"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -117,6 +119,10 @@ type invokeRecord struct {
 // invokeKey is the registry key of an invoke.
 func invokeKey(invokeID string) string { return "invoke/" + invokeID }
 
+// ActInvoke is the audit action of an invoke (POST …/invoke), recorded when
+// it ends.
+const ActInvoke = "invoke"
+
 // invoke serves POST /v1/sessions/{id}/invoke {"text","client_id"?}: it
 // prompts the session (a driver's right) and streams that prompt's turn as
 // Server-Sent Events, "start", then "stdout", "stderr", "agent",
@@ -129,10 +135,7 @@ func invokeKey(invokeID string) string { return "invoke/" + invokeID }
 // Retry-After and a body that names the limit.
 func (s *Server) invoke(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		Text     string `json:"text"`
-		ClientID string `json:"client_id"`
-	}
+	var body api.Message
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -196,6 +199,22 @@ func (s *Server) invoke(w http.ResponseWriter, r *http.Request, p session.Princi
 	}
 	seq := reply.Seq
 	out := &invokeSink{invokeID: invokeID, id: id, seq: seq, done: cancel}
+	// Each invoke is an audit entry, written when it ends: its turn's
+	// status, or that the stream ended first (and the turn was cancelled).
+	defer func() {
+		e := entry(p, remoteOf(r), ActInvoke)
+		e.Session, e.Target = string(id), invokeID
+		switch {
+		case out.finished:
+			e.Detail = fmt.Sprintf("prompt seq %d, turn %d %s", seq, out.turn, out.status)
+			if out.status != session.TurnOK {
+				e.Outcome = audit.Failed
+			}
+		default:
+			e.Outcome, e.Detail = audit.Failed, fmt.Sprintf("prompt seq %d: the stream ended before the turn did; the turn is cancelled", seq)
+		}
+		s.record(r.Context(), e)
+	}()
 	// From here the prompt is durable: however the stream ends, its turn
 	// is cancelled unless it has finished.
 	defer func() {
@@ -465,6 +484,7 @@ type invokeSink struct {
 	turn     int64       // 0 until the prompt's turn starts
 	done     func()
 	finished bool
+	status   session.TurnStatus // the turn's, once finished
 }
 
 // turnData holds the fields of the event data kinds an invoke reads.
@@ -540,7 +560,7 @@ func (k *invokeSink) event(ev *event) error {
 		if err := k.flush(); err != nil {
 			return err
 		}
-		k.finished = true
+		k.finished, k.status = true, d.Status
 		k.done()
 	}
 	return nil

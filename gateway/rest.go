@@ -9,6 +9,7 @@ import (
 
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Limits of GET /v1/sessions/{id}/events.
@@ -22,29 +23,25 @@ const (
 // egress (an extension) is the session's own egress allowlist, which the node
 // checks against its sandbox.egress_permit.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	var body struct {
-		Title   string          `json:"title"`
-		Harness session.Harness `json:"harness"`
-		Agent   string          `json:"agent"`
-		Egress  []string        `json:"egress"`
-		// Settings (DESIGN §7): the agent's permission mode.
-		Settings struct {
-			PermissionMode string `json:"permission_mode"`
-		} `json:"settings"`
-	}
-	if err := decodeBody(w, r, &body, true); err != nil {
+	var req api.CreateSession
+	if err := decodeBody(w, r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if body.Agent != "" {
-		if body.Harness.Agent != "" && body.Harness.Agent != body.Agent {
+	body := struct {
+		Title   string
+		Harness session.Harness
+		Egress  []string
+	}{req.Title, req.Harness.Harness, req.Egress}
+	if req.Agent != "" {
+		if body.Harness.Agent != "" && body.Harness.Agent != req.Agent {
 			s.fail(w, r, session.Errorf(session.CodeBadRequest, `"agent" and "harness":{"agent"} name different agents`))
 			return
 		}
-		body.Harness.Agent = body.Agent
+		body.Harness.Agent = req.Agent
 	}
-	if m := body.Settings.PermissionMode; m != "" {
-		body.Harness.PermissionMode = m // validated with the harness
+	if req.Settings != nil && req.Settings.PermissionMode != "" {
+		body.Harness.PermissionMode = req.Settings.PermissionMode // validated with the harness
 	}
 	if len(body.Title) > session.MaxTitleBytes {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes))
@@ -110,9 +107,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p session.
 		s.fail(w, r, err)
 		return
 	}
-	body := struct {
-		Sessions []session.Session `json:"sessions"`
-	}{Sessions: make([]session.Session, 0, len(entries))}
+	body := api.SessionList{Sessions: make([]session.Session, 0, len(entries))}
 	for i := range entries {
 		sess := entries[i].SessionFor(p.User).WithRole(roleIn(&entries[i], p), entries[i].Members)
 		body.Sessions = append(body.Sessions, sess)
@@ -166,10 +161,7 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p session
 // 202 {"seq"} once the message is durable.
 func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		Text     string `json:"text"`
-		ClientID string `json:"client_id"`
-	}
+	var body api.Message
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -189,10 +181,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.P
 		s.fail(w, r, err)
 		return
 	}
-	b := make([]byte, 0, 32)
-	b = append(b, `{"seq":`...)
-	b = strconv.AppendInt(b, reply.Seq, 10)
-	writeRawJSON(w, http.StatusAccepted, append(b, "}\n"...))
+	writeJSON(w, http.StatusAccepted, api.Accepted{Seq: reply.Seq})
 }
 
 // cancelTurn serves POST /v1/sessions/{id}/cancel → 202.
@@ -215,10 +204,7 @@ func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request, p session.Pr
 func (s *Server) approve(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
 	aid := r.PathValue("aid")
-	var body struct {
-		Allow    *bool  `json:"allow"`
-		OptionID string `json:"option_id"`
-	}
+	var body api.Approval
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -245,9 +231,7 @@ func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, err)
 		return
 	}
-	var body struct {
-		Role *string `json:"role"`
-	}
+	var body api.MemberRequest
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -256,7 +240,7 @@ func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, `body needs "role": viewer, driver, owner or none`))
 		return
 	}
-	role, err := session.ParseRole(*body.Role)
+	role, err := session.ParseRole(string(*body.Role))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -272,10 +256,7 @@ func (s *Server) putMember(w http.ResponseWriter, r *http.Request, p session.Pri
 		e.Detail = "removed"
 	}
 	s.record(r.Context(), e)
-	writeJSON(w, http.StatusOK, struct {
-		User string       `json:"user"`
-		Role session.Role `json:"role"`
-	}{user, role})
+	writeJSON(w, http.StatusOK, api.Member{User: user, Role: role})
 }
 
 // events serves GET /v1/sessions/{id}/events?after=N&limit=M →

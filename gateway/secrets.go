@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Audit actions of session secrets and egress allowlists.
@@ -23,9 +24,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p session.Pri
 		s.fail(w, r, err)
 		return
 	}
-	var body struct {
-		Value *string `json:"value"`
-	}
+	var body api.SecretValue
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -75,9 +74,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p session.P
 		s.fail(w, r, err)
 		return
 	}
-	body := struct {
-		Secrets []session.SecretInfo `json:"secrets"`
-	}{Secrets: reply.Secrets}
+	body := api.SecretList{Secrets: reply.Secrets}
 	if body.Secrets == nil {
 		body.Secrets = []session.SecretInfo{}
 	}
@@ -89,9 +86,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p session.P
 // the sandbox gets them the next time it is opened (at the next turn).
 func (s *Server) putEgress(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		Allow *[]string `json:"allow"`
-	}
+	var body api.Egress
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return

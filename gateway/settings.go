@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
@@ -24,10 +25,7 @@ var sessionSettingKeys = []string{"permission_mode", "turn_timeout"}
 // naming the limit. Unknown settings are refused by name.
 func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		Title    *string                    `json:"title"`
-		Settings map[string]json.RawMessage `json:"settings"`
-	}
+	var body api.SessionPatch
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return

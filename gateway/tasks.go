@@ -11,6 +11,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/task"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Tasks configures repository tasks (docs/automation.md): POST /v1/tasks
@@ -78,11 +79,7 @@ func (s *Server) startTask(w http.ResponseWriter, r *http.Request, p session.Pri
 	e.Session, e.Target, e.Detail = string(t.Session), t.ID, "repo "+t.Repo+", base "+t.Base
 	s.record(r.Context(), e)
 	w.Header().Set("Location", "/v1/tasks/"+t.ID)
-	writeJSON(w, http.StatusAccepted, struct {
-		Task    string     `json:"task"`
-		Session session.ID `json:"session"`
-		Branch  string     `json:"branch"`
-	}{t.ID, t.Session, t.Branch})
+	writeJSON(w, http.StatusAccepted, api.StartedTask{Task: t.ID, Session: t.Session, Branch: t.Branch})
 }
 
 // getTask serves GET /v1/tasks/{id} → the task (its user, or a tenant

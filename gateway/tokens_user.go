@@ -6,6 +6,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/auth"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // revokeUserTokens serves DELETE /v1/tokens?user=U → 200 {"tokens":[TokenInfo…]}:
@@ -36,7 +37,5 @@ func (s *Server) revokeUserTokens(w http.ResponseWriter, r *http.Request, p sess
 	if infos == nil {
 		infos = []auth.TokenInfo{}
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Tokens []auth.TokenInfo `json:"tokens"`
-	}{infos})
+	writeJSON(w, http.StatusOK, api.TokenList{Tokens: infos})
 }

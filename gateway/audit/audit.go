@@ -13,7 +13,8 @@ package audit
 
 import (
 	"context"
-	"time"
+
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Outcomes of an Entry.
@@ -37,20 +38,9 @@ const (
 	ActDenied         = "denied"
 )
 
-// Entry is one audit record. ID and Time are set by the log when empty.
-type Entry struct {
-	ID      string    `json:"id"`
-	Time    time.Time `json:"time"`
-	Tenant  string    `json:"tenant"`
-	Actor   string    `json:"actor"` // the user, or "" when nobody was authenticated
-	Via     string    `json:"via,omitempty"`
-	Action  string    `json:"action"`
-	Session string    `json:"session,omitempty"`
-	Target  string    `json:"target,omitempty"` // e.g. the member whose role changed, or a token id
-	Outcome string    `json:"outcome"`
-	Detail  string    `json:"detail,omitempty"` // a short reason; never a secret or prompt text
-	Remote  string    `json:"remote"`           // the caller's address
-}
+// Entry is one audit record, the AuditEntry of the wire contract (GET
+// /v1/audit). ID and Time are set by the log when empty.
+type Entry = api.AuditEntry
 
 // Recorder records audit entries. Record must not block its caller for long
 // and reports failures (a full or unreachable store) as errors; callers

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Defaults of TokensConfig and the shape of API tokens.
@@ -97,18 +98,7 @@ type TokensConfig struct {
 
 // TokenInfo is what may be shown about an API token: everything but its
 // secret. It is the TokenInfo of the wire contract.
-type TokenInfo struct {
-	ID     string `json:"id"`
-	Name   string `json:"name"`
-	User   string `json:"user"`
-	Tenant string `json:"tenant"`
-	// Role is the token's cap: the most it may do on any session, whatever
-	// its user's role there. RoleNone means the user's own roles.
-	Role       session.Role `json:"role,omitempty"`
-	CreatedAt  time.Time    `json:"created_at"`
-	ExpiresAt  time.Time    `json:"expires_at,omitzero"`
-	LastUsedAt time.Time    `json:"last_used_at,omitzero"`
-}
+type TokenInfo = api.TokenInfo
 
 // TokenRequest asks Tokens.Create for a token.
 type TokenRequest struct {

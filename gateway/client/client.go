@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // DefaultUserAgent is the User-Agent of requests when Client.UserAgent is
@@ -89,39 +90,24 @@ type CreateRequest struct {
 	Egress []string
 }
 
-// MarshalJSON encodes the wire form: {"title"?,"harness"?,"agent"?,"egress"?},
-// the harness as a template name, or {"template"|"command","stdin"} when it
-// has a stdin mode, and an agent (Harness.Agent) as "agent".
+// MarshalJSON encodes the wire form, api.CreateSession:
+// {"title"?,"harness"?,"agent"?,"egress"?,"settings"?}, the harness as a
+// template name, or {"template"|"command","stdin"} when it has a stdin mode,
+// an agent (Harness.Agent) as "agent" and Harness.PermissionMode in
+// "settings".
 func (r CreateRequest) MarshalJSON() ([]byte, error) {
-	body := struct {
-		Title   string   `json:"title,omitempty"`
-		Harness any      `json:"harness,omitempty"`
-		Agent   string   `json:"agent,omitempty"`
-		Egress  []string `json:"egress,omitempty"`
-		// Settings carries Harness.PermissionMode.
-		Settings *struct {
-			PermissionMode string `json:"permission_mode"`
-		} `json:"settings,omitempty"`
-	}{Title: r.Title, Agent: r.Harness.Agent, Egress: r.Egress}
+	body := api.CreateSession{Title: r.Title, Agent: r.Harness.Agent, Egress: r.Egress}
 	h := r.Harness
 	if h.PermissionMode != "" {
-		body.Settings = &struct {
-			PermissionMode string `json:"permission_mode"`
-		}{h.PermissionMode}
+		body.Settings = &api.CreateSettings{PermissionMode: h.PermissionMode}
 	}
 	switch {
 	case h.Template != "" && len(h.Command) > 0:
 		return nil, session.Errorf(session.CodeBadRequest, "harness: give a template or a command, not both")
 	case h.Agent != "" && (h.Template != "" || len(h.Command) > 0):
 		return nil, session.Errorf(session.CodeBadRequest, "harness: give an agent, a template or a command, not several")
-	case h.Template != "" && h.Stdin == "":
-		body.Harness = h.Template
 	case h.Template != "" || h.Command != nil:
-		body.Harness = struct {
-			Template string   `json:"template,omitempty"`
-			Command  []string `json:"command,omitempty"`
-			Stdin    string   `json:"stdin,omitempty"`
-		}{h.Template, h.Command, h.Stdin}
+		body.Harness.Template, body.Harness.Command, body.Harness.Stdin = h.Template, h.Command, h.Stdin
 	}
 	return json.Marshal(body)
 }
@@ -148,9 +134,7 @@ func (c *Client) CreateSession(ctx context.Context, req CreateRequest) (session.
 
 // ListSessions returns the sessions the caller may see.
 func (c *Client) ListSessions(ctx context.Context) ([]session.Session, error) {
-	var body struct {
-		Sessions []session.Session `json:"sessions"`
-	}
+	var body api.SessionList
 	if err := c.do(ctx, http.MethodGet, "/v1/sessions", nil, &body); err != nil {
 		return nil, err
 	}
@@ -190,13 +174,8 @@ func (c *Client) Send(ctx context.Context, id session.ID, text, clientID string)
 	if err != nil {
 		return 0, err
 	}
-	body := struct {
-		Text     string `json:"text"`
-		ClientID string `json:"client_id,omitempty"`
-	}{text, clientID}
-	var out struct {
-		Seq session.Seq `json:"seq"`
-	}
+	body := api.Message{Text: text, ClientID: clientID}
+	var out api.Accepted
 	if err := c.do(ctx, http.MethodPost, p, body, &out); err != nil {
 		return 0, err
 	}
@@ -223,9 +202,7 @@ func (c *Client) Approve(ctx context.Context, id session.ID, approvalID string, 
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Allow bool `json:"allow"`
-	}{allow}
+	body := api.Approval{Allow: &allow}
 	return c.do(ctx, http.MethodPost, p, body, nil)
 }
 
@@ -239,9 +216,7 @@ func (c *Client) SetMember(ctx context.Context, id session.ID, user string, role
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Role session.Role `json:"role"`
-	}{role}
+	body := api.MemberRequest{Role: &role}
 	return c.do(ctx, http.MethodPut, p, body, nil)
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // The workspace of a session (DESIGN §7 "More REST"): files, archives, the
@@ -151,11 +152,12 @@ func (c *Client) TurnChanges(ctx context.Context, id session.ID, n int64) ([]ses
 	return out.Files, nil
 }
 
-// ForkRequest is the body of POST /v1/sessions/{id}/fork.
+// ForkRequest asks Fork for a fork (the body of POST
+// /v1/sessions/{id}/fork, api.Fork).
 type ForkRequest struct {
 	// AtSeq is the parent's last event the fork keeps; 0 means all.
-	AtSeq session.Seq `json:"at_seq,omitempty"`
-	Title string      `json:"title,omitempty"`
+	AtSeq session.Seq
+	Title string
 }
 
 // Fork makes a new session owned by the caller with id's history up to
@@ -165,8 +167,12 @@ func (c *Client) Fork(ctx context.Context, id session.ID, req ForkRequest) (sess
 	if err != nil {
 		return session.Session{}, err
 	}
+	body := api.Fork{Title: req.Title}
+	if req.AtSeq != 0 {
+		body.AtSeq = &req.AtSeq
+	}
 	var out session.Session
-	err = c.do(ctx, http.MethodPost, path, req, &out)
+	err = c.do(ctx, http.MethodPost, path, body, &out)
 	return out, err
 }
 

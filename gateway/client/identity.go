@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // TokenSource supplies the bearer token a Client sends. Token is called
@@ -53,78 +54,40 @@ type AuthConfig struct {
 	LoginURL string `json:"login_url,omitempty"`
 }
 
-// Whoami is the caller as the server sees it: GET /v1/whoami.
-type Whoami struct {
-	User   string `json:"user"`
-	Tenant string `json:"tenant,omitempty"`
-	// Admin is true for a tenant admin: owner rights on every session of
-	// the tenant, and the audit log.
-	Admin bool `json:"admin,omitempty"`
-	// Via is how the caller authenticated: "cookie", "oidc", "token" or
-	// "dev".
-	Via string `json:"via,omitempty"`
-	// ExpiresAt is when the credential expires; zero if it does not.
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
+// The wire shapes of identity, tokens and the audit log (declared in
+// session/api).
+type (
+	// Whoami is the caller as the server sees it: GET /v1/whoami.
+	Whoami = api.Whoami
+	// TokenInfo describes an API token; never its secret.
+	TokenInfo = api.TokenInfo
+	// NewToken is a token just created: the only time its secret is shown.
+	NewToken = api.NewToken
+	// AuditEntry is one record of the audit log.
+	AuditEntry = api.AuditEntry
+	// AuditPage is one page of audit entries, newest first.
+	AuditPage = api.AuditPage
+)
 
-// TokenRequest is the body of POST /v1/tokens.
+// TokenRequest asks CreateToken for a token (the body of POST /v1/tokens,
+// api.TokenRequest).
 type TokenRequest struct {
 	// Name says what the token is for; required.
-	Name string `json:"name"`
+	Name string
 	// ExpiresAt is when the token stops working; zero lets the server
 	// decide.
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	ExpiresAt time.Time
 	// Role caps what the token may do on any session (viewer, driver or
 	// owner); RoleNone means no cap beyond the creating user's rights.
-	Role session.Role `json:"role,omitempty"`
-}
-
-// TokenInfo describes an API token; never its secret.
-type TokenInfo struct {
-	ID         string       `json:"id"`
-	Name       string       `json:"name"`
-	User       string       `json:"user"`
-	Tenant     string       `json:"tenant,omitempty"`
-	Role       session.Role `json:"role,omitempty"`
-	CreatedAt  time.Time    `json:"created_at"`
-	ExpiresAt  time.Time    `json:"expires_at,omitzero"`
-	LastUsedAt time.Time    `json:"last_used_at,omitzero"`
-}
-
-// NewToken is a token just created: the only time its secret is shown.
-type NewToken struct {
-	// Token is the bearer: "atr_<id>_<secret>".
-	Token string    `json:"token"`
-	Info  TokenInfo `json:"info"`
+	Role session.Role
 }
 
 // Outcomes of an AuditEntry.
 const (
-	AuditOK     = "ok"
-	AuditDenied = "denied"
-	AuditFailed = "failed"
+	AuditOK     = api.AuditOK
+	AuditDenied = api.AuditDenied
+	AuditFailed = api.AuditFailed
 )
-
-// AuditEntry is one record of the audit log.
-type AuditEntry struct {
-	ID     string    `json:"id"`
-	Time   time.Time `json:"time"`
-	Tenant string    `json:"tenant"`
-	// Actor is the user, or "" when nobody was authenticated.
-	Actor string `json:"actor"`
-	Via   string `json:"via,omitempty"`
-	// Action is login, login_failed, logout, auth_failed, token_created,
-	// token_revoked, member_changed, session_created, session_deleted or
-	// denied.
-	Action  string `json:"action"`
-	Session string `json:"session,omitempty"`
-	Target  string `json:"target,omitempty"`
-	// Outcome is AuditOK, AuditDenied or AuditFailed.
-	Outcome string `json:"outcome"`
-	Detail  string `json:"detail,omitempty"`
-	// Remote is the caller's address.
-	Remote string `json:"remote"`
-}
 
 // AuditQuery selects audit entries; zero fields do not filter.
 type AuditQuery struct {
@@ -137,13 +100,6 @@ type AuditQuery struct {
 	Limit int
 	// Cursor continues from a previous page's Next.
 	Cursor string
-}
-
-// AuditPage is one page of audit entries, newest first.
-type AuditPage struct {
-	Entries []AuditEntry `json:"entries"`
-	// Next is the cursor of the following (older) page; "" at the end.
-	Next string `json:"next"`
 }
 
 // AuthConfig returns how the server authenticates callers. It sends no
@@ -170,7 +126,11 @@ func (c *Client) CreateToken(ctx context.Context, req TokenRequest) (NewToken, e
 	if req.Role != session.RoleNone && !req.Role.Valid() {
 		return t, session.Errorf(session.CodeBadRequest, "unknown role %q: want viewer, driver or owner", req.Role)
 	}
-	err := c.do(ctx, http.MethodPost, "/v1/tokens", req, &t)
+	body := api.TokenRequest{Name: req.Name, Role: req.Role}
+	if !req.ExpiresAt.IsZero() {
+		body.ExpiresAt = req.ExpiresAt.Format(time.RFC3339Nano) // as time.Time encodes itself
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/tokens", body, &t)
 	return t, err
 }
 
@@ -181,9 +141,7 @@ func (c *Client) ListTokens(ctx context.Context, all bool) ([]TokenInfo, error) 
 	if all {
 		p += "?all=1"
 	}
-	var body struct {
-		Tokens []TokenInfo `json:"tokens"`
-	}
+	var body api.TokenList
 	if err := c.do(ctx, http.MethodGet, p, nil, &body); err != nil {
 		return nil, err
 	}
@@ -205,9 +163,7 @@ func (c *Client) RevokeUserTokens(ctx context.Context, user string) ([]TokenInfo
 	if user == "" {
 		return nil, session.Errorf(session.CodeBadRequest, "user is empty")
 	}
-	var body struct {
-		Tokens []TokenInfo `json:"tokens"`
-	}
+	var body api.TokenList
 	if err := c.do(ctx, http.MethodDelete, "/v1/tokens?user="+url.QueryEscape(user), nil, &body); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // SetSecret sets the session's secret name to value (owner only). The
@@ -19,9 +20,7 @@ func (c *Client) SetSecret(ctx context.Context, id session.ID, name, value strin
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Value string `json:"value"`
-	}{value}
+	body := api.SecretValue{Value: &value}
 	return c.do(ctx, http.MethodPut, p, body, nil)
 }
 
@@ -44,9 +43,7 @@ func (c *Client) ListSecrets(ctx context.Context, id session.ID) ([]session.Secr
 	if err != nil {
 		return nil, err
 	}
-	var out struct {
-		Secrets []session.SecretInfo `json:"secrets"`
-	}
+	var out api.SecretList
 	if err := c.do(ctx, http.MethodGet, p, nil, &out); err != nil {
 		return nil, err
 	}
@@ -63,9 +60,7 @@ func (c *Client) SetEgress(ctx context.Context, id session.ID, allow []string) (
 	if allow == nil {
 		allow = []string{}
 	}
-	body := struct {
-		Allow []string `json:"allow"`
-	}{allow}
+	body := api.Egress{Allow: &allow}
 	var s session.Session
 	err = c.do(ctx, http.MethodPut, p, body, &s)
 	return s, err

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -30,24 +31,9 @@ const DefaultBucket = session.DefaultPrefix + "_dlq"
 // MaxReasonBytes bounds Entry.Reason; a longer reason is cut.
 const MaxReasonBytes = 2048
 
-// Entry is one dead letter: a background run that failed for good.
-type Entry struct {
-	ID     string `json:"id"`     // assigned by Put ("dl_…")
-	Tenant string `json:"tenant"` // the tenant of User
-	User   string `json:"user"`   // who the run acts for
-	Kind   string `json:"kind"`   // "task", "schedule", …
-	Ref    string `json:"ref"`    // task id / schedule id
-	// Reason is the last error, human readable, with no secrets.
-	Reason string `json:"reason"`
-	// Permanent is true if the run failed for good; false if its retries
-	// were exhausted.
-	Permanent bool `json:"permanent"`
-	// Attempts counts the tries made, by hand retries included.
-	Attempts int `json:"attempts"`
-	// Payload is what a retry needs (kind-specific).
-	Payload  json.RawMessage `json:"payload"`
-	FailedAt time.Time       `json:"failed_at"`
-}
+// Entry is one dead letter: a background run that failed for good (the
+// DeadLetter of GET /v1/dlq). Put assigns its ID ("dl_…").
+type Entry = api.DeadLetter
 
 // Config configures a Queue. JetStream is required.
 type Config struct {

@@ -24,6 +24,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 	"github.com/robfig/cron/v3"
 )
 
@@ -53,23 +54,9 @@ const MinInterval = time.Minute
 // KindSchedule is the dead-letter kind of failed scheduled runs.
 const KindSchedule = "schedule"
 
-// Spec is what a caller asks for: when, where and what to prompt.
-type Spec struct {
-	// Cron is a standard five-field cron expression ("0 9 * * 1-5") or a
-	// descriptor (@hourly, @daily, @weekly, @every 2h …).
-	Cron string `json:"cron"`
-	// TZ is the IANA time zone the cron expression is read in; default UTC.
-	TZ string `json:"tz,omitempty"`
-	// Session is the session prompted at each tick; or, with New, a new
-	// session titled Title (plus the tick's date) is created at each tick.
-	Session session.ID `json:"session,omitempty"`
-	New     bool       `json:"new,omitempty"`
-	Title   string     `json:"title,omitempty"`
-	// Prompt is the text sent at each tick.
-	Prompt string `json:"prompt"`
-	// Missed is MissedSkip (default) or MissedRunOnce.
-	Missed string `json:"missed,omitempty"`
-}
+// Spec is what a caller asks for: when, where and what to prompt. Missed is
+// MissedSkip (default) or MissedRunOnce.
+type Spec = api.ScheduleSpec
 
 // DefaultTitle is the title of sessions of a New schedule without one.
 const DefaultTitle = "Scheduled run"
@@ -77,42 +64,14 @@ const DefaultTitle = "Scheduled run"
 // titleDate is appended to the title of each session a New schedule creates.
 const titleDate = " 2006-01-02 15:04"
 
-// Schedule is a stored schedule, as callers see it.
-type Schedule struct {
-	ID      string `json:"id"`
-	Tenant  string `json:"tenant,omitempty"`
-	Creator string `json:"creator"`
-	Spec
-	Paused    bool      `json:"paused"`
-	CreatedAt time.Time `json:"created_at"`
-	// LastTick is the latest tick claimed, fired or skipped; ticks up to it
-	// are done. Creating or resuming a schedule sets it to the time then.
-	LastTick time.Time `json:"last_tick"`
-	// NextRun is the schedule's next tick (not stored; nil while paused).
-	NextRun *time.Time `json:"next_run,omitempty"`
-	// LastRun is the latest run fired, if any.
-	LastRun *Run `json:"last_run,omitempty"`
-}
+// Schedule is a stored schedule, as callers see it (its Spec is the
+// embedded ScheduleSpec).
+type Schedule = api.Schedule
 
-// Run is what happened to one firing of a schedule.
-type Run struct {
-	Tick time.Time `json:"tick"`
-	// Missed counts the ticks this run stands for beyond Tick (run_once).
-	Missed  int        `json:"missed,omitempty"`
-	Session session.ID `json:"session,omitempty"`
-	// Seq is the prompt's seq in Session; Turn the turn it started.
-	Seq  session.Seq `json:"seq,omitempty"`
-	Turn int64       `json:"turn,omitempty"`
-	// Status is StatusRunning, a turn status (ok, failed, cancelled,
-	// timeout) or StatusDeadLetter.
-	Status     string    `json:"status"`
-	ExitCode   *int      `json:"exit_code,omitempty"`
-	Error      string    `json:"error,omitempty"`
-	DeadLetter string    `json:"dead_letter,omitempty"`
-	Attempts   int       `json:"attempts,omitempty"`
-	StartedAt  time.Time `json:"started_at"`
-	FinishedAt time.Time `json:"finished_at,omitzero"`
-}
+// Run is what happened to one firing of a schedule. Status is
+// StatusRunning, a turn status (ok, failed, cancelled, timeout) or
+// StatusDeadLetter.
+type Run = api.ScheduleRun
 
 // record is a schedule as stored: with the principal its runs act as.
 type record struct {
@@ -188,8 +147,8 @@ func parseTiming(expr, tz string) (timing, error) {
 	return tm, nil
 }
 
-// validate checks sp and fills in its defaults.
-func (sp *Spec) validate() (timing, error) {
+// validateSpec checks sp and fills in its defaults.
+func validateSpec(sp *Spec) (timing, error) {
 	tm, err := parseTiming(sp.Cron, sp.TZ)
 	if err != nil {
 		return timing{}, err

@@ -614,7 +614,7 @@ func TestSpec_Validate(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			sp := tc.spec
-			_, err := sp.validate()
+			_, err := validateSpec(&sp)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("validate: %v", err)

@@ -644,7 +644,7 @@ func (s *Scheduler) all(ctx context.Context) ([]record, error) {
 // needs p to be a driver of it, with p's own role (tenant admin rights are
 // not carried into scheduled runs).
 func (s *Scheduler) Create(ctx context.Context, p session.Principal, sp Spec) (Schedule, error) {
-	if _, err := sp.validate(); err != nil {
+	if _, err := validateSpec(&sp); err != nil {
 		return Schedule{}, err
 	}
 	runAs := session.Principal{User: p.User, Tenant: p.Tenant, Cap: p.Cap, Via: "schedule"}
@@ -675,7 +675,7 @@ func (s *Scheduler) Create(ctx context.Context, p session.Principal, sp Spec) (S
 	}
 	now := time.Now().UTC()
 	r := record{
-		Schedule:  Schedule{ID: newID(), Tenant: p.Tenant, Creator: p.User, Spec: sp, CreatedAt: now, LastTick: now},
+		Schedule:  Schedule{ID: newID(), Tenant: p.Tenant, Creator: p.User, ScheduleSpec: sp, CreatedAt: now, LastTick: now},
 		Principal: runAs,
 	}
 	b, err := json.Marshal(r)

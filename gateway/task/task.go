@@ -33,6 +33,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/gateway/forge"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // DLQKind is the kind of the dead letters of tasks.
@@ -142,14 +143,7 @@ type Config struct {
 }
 
 // Request is the body of POST /v1/tasks.
-type Request struct {
-	Repo        string          `json:"repo"`
-	Base        string          `json:"base"`
-	Prompt      string          `json:"prompt"`
-	Title       string          `json:"title,omitempty"`
-	Harness     session.Harness `json:"harness,omitzero"`
-	CallbackURL string          `json:"callback_url,omitempty"`
-}
+type Request = api.TaskRequest
 
 // Task is a task's record, as GET /v1/tasks/{id} shows it.
 type Task struct {
@@ -177,27 +171,11 @@ type Task struct {
 	Turns     int               `json:"turns,omitempty"`  // prompts sent, for client ids
 }
 
-// View is what the API shows of t.
-func (t Task) View() any {
-	type view struct {
-		ID          string     `json:"id"`
-		User        string     `json:"user"`
-		Repo        string     `json:"repo"`
-		Base        string     `json:"base"`
-		Title       string     `json:"title"`
-		Session     session.ID `json:"session"`
-		Branch      string     `json:"branch"`
-		Status      string     `json:"status"`
-		Commit      string     `json:"commit,omitempty"`
-		PRURL       string     `json:"pr_url,omitempty"`
-		Error       string     `json:"error,omitempty"`
-		DeadLetter  string     `json:"dead_letter,omitempty"`
-		CallbackURL string     `json:"callback_url,omitempty"`
-		CreatedAt   time.Time  `json:"created_at"`
-		UpdatedAt   time.Time  `json:"updated_at"`
-	}
-	return view{t.ID, t.User, t.Repo, t.Base, t.Title, t.Session, t.Branch, t.Status, t.Commit, t.PRURL,
-		t.Error, t.DeadLetter, t.CallbackURL, t.CreatedAt, t.UpdatedAt}
+// View is what the API shows of t (GET /v1/tasks/{id}).
+func (t Task) View() api.Task {
+	return api.Task{ID: t.ID, User: t.User, Repo: t.Repo, Base: t.Base, Title: t.Title, Session: t.Session,
+		Branch: t.Branch, Status: t.Status, Commit: t.Commit, PRURL: t.PRURL, Error: t.Error,
+		DeadLetter: t.DeadLetter, CallbackURL: t.CallbackURL, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
 // Service runs tasks. Create it with New and Close it.

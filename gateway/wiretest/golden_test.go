@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +22,7 @@ import (
 	"github.com/atriumhq/atrium/gateway/schedule"
 	"github.com/atriumhq/atrium/gateway/task"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 var updateWire = flag.Bool("update-wire", false, "rewrite testdata/wire.golden")
@@ -39,15 +43,17 @@ type wireShape struct {
 func wireShapes() []wireShape {
 	exit := 3
 	next := wireTime.Add(time.Hour)
-	allow := true
-	title := "renamed"
+	allow, deny := true, false
+	title, secret := "renamed", "v"
+	driver := session.RoleDriver
+	atSeq := session.Seq(5)
 	runFull := schedule.Run{Tick: wireTime, Missed: 2, Session: "s_1", Seq: 7, Turn: 3, Status: "ok", ExitCode: &exit,
 		Error: "e", DeadLetter: "dl_1", Attempts: 2, StartedAt: wireTime, FinishedAt: wireTime}
 	clientRun := client.ScheduleRun{Tick: wireTime, Missed: 2, Session: "s_1", Seq: 7, Turn: 3, Status: "ok", ExitCode: &exit,
 		Error: "e", DeadLetter: "dl_1", Attempts: 2, StartedAt: wireTime, FinishedAt: wireTime}
 	spec := schedule.Spec{Cron: "0 9 * * 1-5", TZ: "Europe/Paris", Session: "s_1", New: true, Title: "t", Prompt: "p", Missed: "run_once"}
 	cspec := client.ScheduleSpec{Cron: "0 9 * * 1-5", TZ: "Europe/Paris", Session: "s_1", New: true, Title: "t", Prompt: "p", Missed: "run_once"}
-	sched := schedule.Schedule{ID: "sc_1", Tenant: "acme", Creator: "ann", Spec: spec, Paused: true, CreatedAt: wireTime,
+	sched := schedule.Schedule{ID: "sc_1", Tenant: "acme", Creator: "ann", ScheduleSpec: spec, Paused: true, CreatedAt: wireTime,
 		LastTick: wireTime, NextRun: &next, LastRun: &runFull}
 	csched := client.Schedule{ID: "sc_1", Tenant: "acme", Creator: "ann", ScheduleSpec: cspec, Paused: true, CreatedAt: wireTime,
 		LastTick: wireTime, NextRun: &next, LastRun: &clientRun}
@@ -74,41 +80,21 @@ func wireShapes() []wireShape {
 
 	return []wireShape{
 		// GET /v1/whoami (identity.go's answer; client.Whoami decodes it).
-		{"whoami/server/full", struct {
-			User      string    `json:"user"`
-			Tenant    string    `json:"tenant"`
-			Admin     bool      `json:"admin"`
-			Via       string    `json:"via"`
-			ExpiresAt time.Time `json:"expires_at,omitzero"`
-		}{"ann", "acme", true, "token", wireTime}},
-		{"whoami/server/empty", struct {
-			User      string    `json:"user"`
-			Tenant    string    `json:"tenant"`
-			Admin     bool      `json:"admin"`
-			Via       string    `json:"via"`
-			ExpiresAt time.Time `json:"expires_at,omitzero"`
-		}{User: "ann"}},
+		{"whoami/server/full", api.Whoami{User: "ann", Tenant: "acme", Admin: true, Via: "token", ExpiresAt: wireTime}},
+		{"whoami/server/empty", client.Whoami{User: "ann"}},
 		// POST /v1/tokens: what the client sends.
-		{"token_request/client/full", client.TokenRequest{Name: "ci", ExpiresAt: wireTime, Role: session.RoleViewer}},
-		{"token_request/client/empty", client.TokenRequest{Name: "ci"}},
+		{"token_request/client/full", api.TokenRequest{Name: "ci", ExpiresAt: wireTime.Format(time.RFC3339Nano), Role: session.RoleViewer}},
+		{"token_request/client/empty", api.TokenRequest{Name: "ci"}},
 		{"token_info/server/full", tokInfo},
 		{"token_info/server/empty", auth.TokenInfo{ID: "tk_1", CreatedAt: wireTime}},
 		{"token_info/client/full", ctokInfo},
-		{"new_token/server", struct {
-			Token string         `json:"token"`
-			Info  auth.TokenInfo `json:"info"`
-		}{"atr_tk_1_s", tokInfo}},
+		{"new_token/server", api.NewToken{Token: "atr_tk_1_s", Info: tokInfo}},
 		{"new_token/client", client.NewToken{Token: "atr_tk_1_s", Info: ctokInfo}},
-		{"token_list/server", struct {
-			Tokens []auth.TokenInfo `json:"tokens"`
-		}{[]auth.TokenInfo{tokInfo}}},
+		{"token_list/server", api.TokenList{Tokens: []auth.TokenInfo{tokInfo}}},
 		{"audit_entry/server/full", auditEntry},
 		{"audit_entry/server/empty", audit.Entry{ID: "a_1", Time: wireTime}},
 		{"audit_entry/client/full", cauditEntry},
-		{"audit_page/server", struct {
-			Entries []audit.Entry `json:"entries"`
-			Next    string        `json:"next"`
-		}{[]audit.Entry{auditEntry}, "c1"}},
+		{"audit_page/server", api.AuditPage{Entries: []audit.Entry{auditEntry}, Next: "c1"}},
 		{"audit_page/client", client.AuditPage{Entries: []client.AuditEntry{cauditEntry}, Next: "c1"}},
 		// Schedules.
 		{"schedule_spec/server/full", spec},
@@ -120,16 +106,12 @@ func wireShapes() []wireShape {
 		{"schedule/client/full", csched},
 		{"schedule/client/empty", client.Schedule{}},
 		{"schedule_run/server/empty", schedule.Run{}},
-		{"schedule_list/server", struct {
-			Schedules []schedule.Schedule `json:"schedules"`
-		}{[]schedule.Schedule{sched}}},
+		{"schedule_list/server", api.ScheduleList{Schedules: []schedule.Schedule{sched}}},
 		// Dead letters.
 		{"dead_letter/server/full", dead},
 		{"dead_letter/client/full", cdead},
 		{"dead_letter/server/empty", dlq.Entry{}},
-		{"dead_letter_list/server", struct {
-			DeadLetters []dlq.Entry `json:"dead_letters"`
-		}{[]dlq.Entry{dead}}},
+		{"dead_letter_list/server", api.DeadLetterList{DeadLetters: []dlq.Entry{dead}}},
 		// Tasks.
 		{"task_request/server/full", treq},
 		{"task_request/client/full", ctreq},
@@ -137,55 +119,27 @@ func wireShapes() []wireShape {
 		{"task/server/full", tk.View()},
 		{"task/server/empty", task.Task{}.View()},
 		{"task/client/full", ctk},
-		{"started_task/server", struct {
-			Task    string     `json:"task"`
-			Session session.ID `json:"session"`
-			Branch  string     `json:"branch"`
-		}{"t_1", "s_1", "atrium/t_1"}},
+		{"started_task/server", api.StartedTask{Task: "t_1", Session: "s_1", Branch: "atrium/t_1"}},
 		{"started_task/client", client.StartedTask{Task: "t_1", Session: "s_1", Branch: "atrium/t_1"}},
 		// Sessions.
 		{"create_session/client/template", client.CreateRequest{Title: "t", Harness: session.Harness{Template: "shell"}, Egress: []string{"example.com"}}},
 		{"create_session/client/command", client.CreateRequest{Harness: session.Harness{Command: []string{"sh", "-c", "x"}, Stdin: "text"}}},
 		{"create_session/client/agent", client.CreateRequest{Harness: session.Harness{Agent: "claude", PermissionMode: "auto"}}},
 		{"create_session/client/empty", client.CreateRequest{}},
-		{"session_patch/client/full", client.SessionPatch{Title: &title, Settings: map[string]any{"permission_mode": "auto", "turn_timeout": "10m"}}},
-		{"session_patch/client/empty", client.SessionPatch{}},
-		{"fork/client/full", client.ForkRequest{AtSeq: 5, Title: "f"}},
-		{"fork/client/empty", client.ForkRequest{}},
-		{"session_list/server", struct {
-			Sessions []session.Session `json:"sessions"`
-		}{[]session.Session{}}},
-		{"message/client/full", struct {
-			Text     string `json:"text"`
-			ClientID string `json:"client_id,omitempty"`
-		}{"hi", "c1"}},
-		{"message/client/empty", struct {
-			Text     string `json:"text"`
-			ClientID string `json:"client_id,omitempty"`
-		}{Text: "hi"}},
-		{"approval/client", struct {
-			Allow bool `json:"allow"`
-		}{false}},
-		{"approval/server/option", struct {
-			Allow    *bool  `json:"allow,omitempty"`
-			OptionID string `json:"option_id,omitempty"`
-		}{&allow, "allow_once"}},
-		{"member/client", struct {
-			Role session.Role `json:"role"`
-		}{session.RoleDriver}},
-		{"member/server", struct {
-			User string       `json:"user"`
-			Role session.Role `json:"role"`
-		}{"bob", session.RoleDriver}},
-		{"secret/client", struct {
-			Value string `json:"value"`
-		}{"v"}},
-		{"secret_list/server", struct {
-			Secrets []session.SecretInfo `json:"secrets"`
-		}{[]session.SecretInfo{}}},
-		{"egress/client", struct {
-			Allow []string `json:"allow"`
-		}{[]string{}}},
+		{"session_patch/client/full", api.SessionPatch{Title: &title, Settings: map[string]json.RawMessage{"permission_mode": json.RawMessage(`"auto"`), "turn_timeout": json.RawMessage(`"10m"`)}}},
+		{"session_patch/client/empty", api.SessionPatch{}},
+		{"fork/client/full", api.Fork{AtSeq: &atSeq, Title: "f"}},
+		{"fork/client/empty", api.Fork{}},
+		{"session_list/server", api.SessionList{Sessions: []session.Session{}}},
+		{"message/client/full", api.Message{Text: "hi", ClientID: "c1"}},
+		{"message/client/empty", api.Message{Text: "hi"}},
+		{"approval/client", api.Approval{Allow: &deny}},
+		{"approval/server/option", api.Approval{Allow: &allow, OptionID: "allow_once"}},
+		{"member/client", api.MemberRequest{Role: &driver}},
+		{"member/server", api.Member{User: "bob", Role: session.RoleDriver}},
+		{"secret/client", api.SecretValue{Value: &secret}},
+		{"secret_list/server", api.SecretList{Secrets: []session.SecretInfo{}}},
+		{"egress/client", api.Egress{Allow: &[]string{}}},
 	}
 }
 
@@ -221,6 +175,84 @@ func TestWire_Golden(t *testing.T) {
 		}
 		if w != g {
 			t.Errorf("line %d:\n got %s\nwant %s", i+1, g, w)
+		}
+	}
+}
+
+// TestWire_ClientRequests checks that gateway/client's methods put on the
+// wire the request bodies pinned in testdata/wire.golden: the SDK's Go-side
+// inputs (CreateRequest, TokenRequest, ForkRequest, SessionPatch) are
+// encoded through session/api's types.
+func TestWire_ClientRequests(t *testing.T) {
+	golden := map[string]string{}
+	b, err := os.ReadFile(filepath.Join("testdata", "wire.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		name, body, _ := strings.Cut(line, "\t")
+		golden[name] = body
+	}
+	var got []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}\n")
+	}))
+	t.Cleanup(srv.Close)
+	c, err := client.New(srv.URL, "dev:ann")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	title := "renamed"
+	for name, call := range map[string]func() error{
+		"token_request/client/full": func() error {
+			_, err := c.CreateToken(ctx, client.TokenRequest{Name: "ci", ExpiresAt: wireTime, Role: session.RoleViewer})
+			return err
+		},
+		"token_request/client/empty": func() error { _, err := c.CreateToken(ctx, client.TokenRequest{Name: "ci"}); return err },
+		"create_session/client/template": func() error {
+			_, err := c.CreateSession(ctx, client.CreateRequest{Title: "t", Harness: session.Harness{Template: "shell"}, Egress: []string{"example.com"}})
+			return err
+		},
+		"create_session/client/agent": func() error {
+			_, err := c.CreateSession(ctx, client.CreateRequest{Harness: session.Harness{Agent: "claude", PermissionMode: "auto"}})
+			return err
+		},
+		"session_patch/client/full": func() error {
+			_, err := c.PatchSession(ctx, "s_1", client.SessionPatch{Title: &title, Settings: map[string]any{"permission_mode": "auto", "turn_timeout": "10m"}})
+			return err
+		},
+		"fork/client/full":  func() error { _, err := c.Fork(ctx, "s_1", client.ForkRequest{AtSeq: 5, Title: "f"}); return err },
+		"fork/client/empty": func() error { _, err := c.Fork(ctx, "s_1", client.ForkRequest{}); return err },
+		"message/client/full": func() error {
+			_, err := c.Send(ctx, "s_1", "hi", "c1")
+			return err
+		},
+		"approval/client": func() error { return c.Approve(ctx, "s_1", "a1", false) },
+		"member/client":   func() error { return c.SetMember(ctx, "s_1", "bob", session.RoleDriver) },
+		"secret/client":   func() error { return c.SetSecret(ctx, "s_1", "KEY", "v") },
+		"egress/client":   func() error { _, err := c.SetEgress(ctx, "s_1", nil); return err },
+		"schedule_spec/client/full": func() error {
+			_, err := c.CreateSchedule(ctx, client.ScheduleSpec{Cron: "0 9 * * 1-5", TZ: "Europe/Paris", Session: "s_1", New: true, Title: "t", Prompt: "p", Missed: "run_once"})
+			return err
+		},
+		"task_request/client/full": func() error {
+			_, err := c.StartTask(ctx, client.TaskRequest{Repo: "o/r", Base: "main", Prompt: "p", Title: "t", Harness: session.Harness{Template: "shell"}, CallbackURL: "https://cb"})
+			return err
+		},
+	} {
+		got = nil
+		if err := call(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want, ok := golden[name]
+		if !ok {
+			t.Fatalf("%s: not in wire.golden", name)
+		}
+		if g := strings.TrimSpace(string(got)); g != want {
+			t.Errorf("%s: the client sent\n %s\nwant\n %s", name, g, want)
 		}
 	}
 }
