@@ -119,7 +119,7 @@ export class SessionPage {
       h('div', { class: 'composer-actions' },
         h('button', { type: 'submit', class: 'primary', id: 'send', text: 'Send' })),
       h('p', { class: 'hint', id: 'prompt-hint', text: 'Enter sends · Shift+Enter adds a line · Esc cancels the running turn' }));
-    this.typingEl = h('p', { class: 'typing', id: 'typing', hidden: true, attrs: { 'aria-live': 'polite' } });
+    this.typingEl = h('p', { class: 'typing-note', id: 'typing', hidden: true, attrs: { 'aria-live': 'polite' } });
     this.viewerNote = h('p', { class: 'viewer-note', id: 'viewer-note', hidden: true,
       text: 'You are watching as a viewer. An owner of this session can make you a driver so you can prompt.' });
 
@@ -215,7 +215,7 @@ export class SessionPage {
 
   setSession(s) {
     this.session = s;
-    this.titleEl.textContent = s.title || 'Untitled session';
+    this.titleEl.textContent = visible(s.title) || 'Untitled session';
     this.renderTitle();
     if (s.role) this.setRole(s.role);
   }
