@@ -26,6 +26,14 @@ const TYPING_EVERY_MS = 2000; // how often a typing frame is repeated while typi
 
 /** PAGE is how many events the page reads first, and per older page. */
 export const PAGE = 200;
+/**
+ * FAR_BEHIND is how far behind the session's end a reconnecting page may be
+ * and still catch up event by event; further behind, and following the live
+ * end, it starts again at the end (the latest PAGE events), as when opening:
+ * the rows the reader would see are the same, without the work of the ones
+ * in between (older ones are read as the reader scrolls up).
+ */
+export const FAR_BEHIND = 5000;
 const BACKFILL_PAGE = 1000; // events per REST read when the state needs older events
 const MAX_TEXT = 256 * 1024; // the contract's largest prompt, in bytes
 const ROLES = ['viewer', 'driver', 'owner'];
@@ -240,6 +248,12 @@ export class SessionPage {
       // The log was rebuilt: what the page holds no longer matches it.
       toast('The session history was rebuilt; reloading it.');
       this.setSession(f.session);
+      this.startFrom(Math.max(0, f.last_seq - PAGE), f.session);
+      return;
+    }
+    const behind = (f.last_seq || 0) - this.model.store.hi;
+    if (this.model.store.size > 0 && behind > FAR_BEHIND && this.timeline.following && !this.fatal) {
+      this.setSession({ ...f.session, role: (f.you && f.you.role) || f.session.role });
       this.startFrom(Math.max(0, f.last_seq - PAGE), f.session);
       return;
     }
