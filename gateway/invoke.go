@@ -311,9 +311,7 @@ func (s *Server) cancelPrompt(ctx context.Context, p session.Principal, id sessi
 // gateway streams it; that stream then ends with "exit" status cancelled.
 func (s *Server) cancelInvoke(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
-	var body struct {
-		InvokeID string `json:"invoke_id"`
-	}
+	var body api.InvokeCancel
 	if err := decodeBody(w, r, &body, false); err != nil {
 		s.fail(w, r, err)
 		return
@@ -524,12 +522,7 @@ func (k *invokeSink) event(ev *event) error {
 			return nil
 		}
 		k.turn = d.Turn
-		return k.write("start", mustJSON(struct {
-			InvokeID string      `json:"invoke_id"`
-			Session  session.ID  `json:"session"`
-			Seq      session.Seq `json:"seq"`
-			Turn     int64       `json:"turn"`
-		}{k.invokeID, k.id, k.seq, k.turn}))
+		return k.write("start", mustJSON(api.InvokeStart{InvokeID: k.invokeID, Session: k.id, Seq: k.seq, Turn: k.turn}))
 	}
 	if ev.kind == session.KindError { // an error while the turn runs, e.g. its harness could not start
 		return k.write("error", e.Data)
@@ -543,18 +536,12 @@ func (k *invokeSink) event(ev *event) error {
 		if d.Stream == "stderr" {
 			stream = "stderr"
 		}
-		return k.write(stream, mustJSON(struct {
-			Text string `json:"text"`
-		}{d.Text}))
+		return k.write(stream, mustJSON(api.InvokeText{Text: d.Text}))
 	case session.KindAgent, session.KindApprovalRequested,
 		session.KindAgentMessage, session.KindToolCall, session.KindToolCallUpdate, session.KindPlan:
 		return k.write(string(ev.kind), e.Data)
 	case session.KindTurnFinished:
-		if err := k.write("exit", mustJSON(struct {
-			ExitCode   int                `json:"exit_code"`
-			Status     session.TurnStatus `json:"status"`
-			DurationMS int64              `json:"duration_ms"`
-		}{d.ExitCode, d.Status, d.DurationMS})); err != nil {
+		if err := k.write("exit", mustJSON(api.InvokeExit{ExitCode: d.ExitCode, Status: d.Status, DurationMS: d.DurationMS})); err != nil {
 			return err
 		}
 		if err := k.flush(); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/atriumhq/atrium/gateway/client"
 	"github.com/atriumhq/atrium/session"
+	wire "github.com/atriumhq/atrium/session/api"
 )
 
 // invokeQueuedNotice is how long `atrium invoke` waits for its turn to
@@ -199,18 +200,13 @@ type invokePrinter struct {
 	env     *cliEnv
 	id      session.ID
 	asJSON  bool
-	started chan struct{} // closed at the start event
-	exit    *invokeExit   // set by the exit event
-	reason  string        // the message of the last error event
+	started chan struct{}    // closed at the start event
+	exit    *wire.InvokeExit // set by the exit event
+	reason  string           // the message of the last error event
 	// message is the agent's latest message of the turn, printed to
 	// stdout at exit as the turn's answer; earlier ones go to stderr.
 	message *string
 	agent   agentStream // renders tool calls and plans on stderr
-}
-
-type invokeExit struct {
-	ExitCode int                `json:"exit_code"`
-	Status   session.TurnStatus `json:"status"`
 }
 
 func (p *invokePrinter) event(name string, data []byte) (bool, error) {
@@ -224,7 +220,7 @@ func (p *invokePrinter) event(name string, data []byte) (bool, error) {
 		}
 	}
 	if name == "exit" {
-		var x invokeExit
+		var x wire.InvokeExit
 		if err := json.Unmarshal(data, &x); err != nil {
 			return true, fmt.Errorf("decode exit event: %w", err)
 		}

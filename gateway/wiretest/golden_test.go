@@ -140,6 +140,11 @@ func wireShapes() []wireShape {
 		{"secret/client", api.SecretValue{Value: &secret}},
 		{"secret_list/server", api.SecretList{Secrets: []session.SecretInfo{}}},
 		{"egress/client", api.Egress{Allow: &[]string{}}},
+		// POST /v1/sessions/{id}/invoke's events and its cancel body.
+		{"invoke_start/server", api.InvokeStart{InvokeID: "inv_1", Session: "s_1", Seq: 7, Turn: 3}},
+		{"invoke_text/server", api.InvokeText{Text: "out"}},
+		{"invoke_exit/server", api.InvokeExit{ExitCode: 3, Status: session.TurnFailed, DurationMS: 1234}},
+		{"invoke_cancel/server", api.InvokeCancel{InvokeID: "inv_1"}},
 	}
 }
 
