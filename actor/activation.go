@@ -59,12 +59,16 @@ func canMove(from, to phase) bool {
 // activation is the life-cycle state of one session actor: the phase, the
 // flags that qualify it, and the requests that wait on it (place requests
 // answered once the Cmd subscription is live, commands that arrived before
-// the history was open). It is a plain value owned by the actor's goroutine,
-// like every component of sessionActor; it starts no goroutine and does no
-// I/O, so its transitions are unit-tested on their own (activation_test.go).
+// the history was open), and the Cmd subscription that makes the session
+// reachable. It is a plain value owned by the actor's goroutine, like every
+// component of sessionActor; it starts no goroutine and does no I/O (the
+// actor subscribes and drains), so its transitions are unit-tested on their
+// own (activation_test.go).
 //
-// The phase changes only through move and the named transitions below,
-// which check phaseMoves.
+// The phase changes through move and the named transitions below, which
+// check phaseMoves; the one exception left is onLeaseLost (lease.go), which
+// still assigns phasePassivating directly (a move the table allows from
+// every phase).
 type activation struct {
 	phase phase
 
@@ -80,6 +84,11 @@ type activation struct {
 	deleteStarted bool
 	// metered: counted in the node's active sessions gauge.
 	metered bool
+
+	// sub is the Cmd subscription while the session serves; draining
+	// the one being drained before hibernation or deletion.
+	sub      *nats.Subscription
+	draining *nats.Subscription
 
 	creator   *placeMsg   // the create request being served
 	waiting   []*placeMsg // place requests answered once the Cmd subscription is live

@@ -86,99 +86,140 @@ type committer struct {
 	failedGen uint64
 }
 
-func (s *sessionActor) startCommitter(hist History) *committer {
+// commitLog is what a committer writes: the session's history (History has
+// more; the committer needs only these).
+type commitLog interface {
+	Append(ctx context.Context, evs []session.Stored) error
+	SetMeta(ctx context.Context, m session.Meta) error
+}
+
+// commitDeps is what a committer's goroutine uses besides the history.
+type commitDeps struct {
+	hist commitLog
+	// check, if set, returns an error once this node may no longer publish
+	// the session's events (its lease may be lost).
+	check func() error
+	// capture publishes committed events, and the metadata written with
+	// them if any, to the events stream; it returns the stream sequence of
+	// the last one stored.
+	capture func(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error)
+	// report delivers the outcome of a commit to the actor.
+	report func(*committed)
+}
+
+// newCommitter returns a committer whose capture runs under a child of
+// ctx; run is its goroutine.
+func newCommitter(ctx context.Context) *committer {
 	c := &committer{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	c.ctx, c.abort = context.WithCancel(s.h.ctx)
-	epoch := s.meta.Epoch
-	// The lease is read here, on the actor's goroutine; its valid method
+	c.ctx, c.abort = context.WithCancel(ctx)
+	return c
+}
+
+func (s *sessionActor) startCommitter(hist History) *committer {
+	c := newCommitter(s.h.ctx)
+	id, epoch := s.id, s.meta.Epoch
+	d := commitDeps{
+		hist: hist,
+		capture: func(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error) {
+			return s.h.captureEvents(ctx, id, epoch, evs, m)
+		},
+		report: func(m *committed) { s.send(m) },
+	}
+	// The lease is read here, on the actor's goroutine; its check method
 	// is safe from the committer's.
-	owner := s.lease
-	s.spawn(func() {
-		defer close(c.done)
-		defer c.abort()
-		evs := make([]session.Stored, 0, maxBatch)
-		for {
-			c.mu.Lock()
-			for len(c.queue) == 0 && !c.closed {
-				c.mu.Unlock()
-				<-c.wake
-				c.mu.Lock()
-			}
-			if n := len(c.queue); n > 0 && n < yieldBelow {
-				// Let the goroutines that are about to queue more (the
-				// actor, the subscription) run first: one yield costs
-				// far less than a commit, and under load it makes each
-				// commit carry several times more events.
-				c.mu.Unlock()
-				runtime.Gosched()
-				c.mu.Lock()
-			}
-			queue := c.queue
-			c.queue = nil // the reports keep slices of it
+	if owner := s.lease; owner != nil {
+		d.check = owner.check
+	}
+	s.spawn(func() { c.run(d) })
+	return c
+}
+
+// run is the committer's goroutine: it commits what is queued until stop.
+func (c *committer) run(d commitDeps) {
+	defer close(c.done)
+	defer c.abort()
+	evs := make([]session.Stored, 0, maxBatch)
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && !c.closed {
 			c.mu.Unlock()
-			if len(queue) == 0 {
-				return // closed and nothing left
-			}
-			for len(queue) > 0 {
-				var res *committed
-				res, queue = c.take(queue)
-				if res.err == nil {
-					evs = evs[:0]
-					var meta *session.Meta
-					for _, b := range res.batches {
-						for _, p := range b.pend {
-							evs = append(evs, p.ev)
-						}
-						if b.meta != nil {
-							meta = b.meta
-						}
+			<-c.wake
+			c.mu.Lock()
+		}
+		if n := len(c.queue); n > 0 && n < yieldBelow {
+			// Let the goroutines that are about to queue more (the
+			// actor, the subscription) run first: one yield costs
+			// far less than a commit, and under load it makes each
+			// commit carry several times more events.
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
+		queue := c.queue
+		c.queue = nil // the reports keep slices of it
+		c.mu.Unlock()
+		if len(queue) == 0 {
+			return // closed and nothing left
+		}
+		for len(queue) > 0 {
+			var res *committed
+			res, queue = c.take(queue)
+			if res.err == nil {
+				evs = evs[:0]
+				var meta *session.Meta
+				for _, b := range res.batches {
+					for _, p := range b.pend {
+						evs = append(evs, p.ev)
 					}
-					// No deadline or cancellation: under a context that
-					// can end, modernc.org/sqlite starts a goroutine for
-					// every statement (to interrupt it), which costs more
-					// than the insert itself; and SQLite could not
-					// interrupt a write stuck in the kernel anyway.
-					ctx := context.Background()
-					res.err = hist.Append(ctx, evs)
-					if res.err == nil && meta != nil {
-						res.metaErr = hist.SetMeta(ctx, *meta)
-					}
-					if res.err == nil {
-						// Durable here; reported (and acknowledged) once
-						// the stream has it too. If capture fails, the
-						// lease is lost or the host is closing: the actor
-						// stops, and the next activation re-publishes or
-						// drops what is only in this file (takeover.go).
-						var top uint64
-						var m *session.Meta
-						if res.metaErr == nil {
-							m = meta
-						}
-						if err := owner.check(); owner != nil && err != nil {
-							// Never publish once the lease may be lost:
-							// the next owner may already be replaying.
-							// captureEvents checks again before every
-							// attempt.
-							res.err = err
-						} else {
-							top, res.err = s.h.captureEvents(c.ctx, s.id, epoch, evs, m)
-						}
-						if top > c.acked.Load() {
-							c.acked.Store(top)
-						}
-						if res.err != nil {
-							c.uncaptured.Store(true)
-						}
-					}
-					if res.err != nil {
-						c.failed, c.failedGen = true, res.batches[len(res.batches)-1].gen
+					if b.meta != nil {
+						meta = b.meta
 					}
 				}
-				s.send(res)
+				// No deadline or cancellation: under a context that
+				// can end, modernc.org/sqlite starts a goroutine for
+				// every statement (to interrupt it), which costs more
+				// than the insert itself; and SQLite could not
+				// interrupt a write stuck in the kernel anyway.
+				ctx := context.Background()
+				res.err = d.hist.Append(ctx, evs)
+				if res.err == nil && meta != nil {
+					res.metaErr = d.hist.SetMeta(ctx, *meta)
+				}
+				if res.err == nil {
+					// Durable here; reported (and acknowledged) once
+					// the stream has it too. If capture fails, the
+					// lease is lost or the host is closing: the actor
+					// stops, and the next activation re-publishes or
+					// drops what is only in this file (takeover.go).
+					var top uint64
+					var m *session.Meta
+					if res.metaErr == nil {
+						m = meta
+					}
+					if d.check != nil {
+						res.err = d.check()
+					}
+					if res.err == nil {
+						// Never published once the lease may be lost
+						// (checked above): the next owner may already
+						// be replaying. captureEvents checks again
+						// before every attempt.
+						top, res.err = d.capture(c.ctx, evs, m)
+					}
+					if top > c.acked.Load() {
+						c.acked.Store(top)
+					}
+					if res.err != nil {
+						c.uncaptured.Store(true)
+					}
+				}
+				if res.err != nil {
+					c.failed, c.failedGen = true, res.batches[len(res.batches)-1].gen
+				}
 			}
+			d.report(res)
 		}
-	})
-	return c
+	}
 }
 
 // take removes the next commit's batches from the front of queue: either the

@@ -536,19 +536,10 @@ func (s *sessionActor) armSleep() {
 // session is still idle. A turn that started since made the timer stale;
 // its end arms a new one.
 func (s *sessionActor) maybeSleep() {
-	if s.sleepDue == 0 {
+	gen, ok := s.takeSleep(s.phase)
+	if !ok {
 		return
 	}
-	switch s.phase {
-	case phaseNew, phaseOpening, phaseWaking:
-		return // Not yet.
-	case phaseActive:
-	default:
-		s.sleepDue = 0
-		return
-	}
-	gen := s.sleepDue
-	s.sleepDue = 0
 	if s.box == nil || s.runner != nil || s.op != nil || s.shutting || !s.turns.Idle() ||
 		!s.h.boxes.due(s.box, gen) || !s.h.boxes.isAwake(s.box) {
 		return
@@ -562,8 +553,7 @@ func (s *sessionActor) maybeSleep() {
 func (s *sessionActor) startSleep(why string) {
 	b := s.box
 	ctx, cancel := context.WithCancel(s.h.ctx)
-	op := &boxOp{cancel: cancel}
-	s.op = op
+	op := s.startOp(cancel)
 	s.spawn(func() {
 		defer cancel()
 		s.h.sleepBox(ctx, b, why, func(state session.SandboxState, detail string, err *session.ErrorData) {

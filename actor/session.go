@@ -142,9 +142,7 @@ type sessionActor struct {
 
 	current *nats.Msg // the command being handled, answered if it panics
 
-	hist     History
-	sub      *nats.Subscription
-	draining *nats.Subscription
+	hist History
 
 	catalogAt      time.Time // when the catalog entry was last written
 	catalogSeq     session.Seq
