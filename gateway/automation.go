@@ -53,8 +53,13 @@ const (
 	actDeadLetterDrop  = "dead_letter_dropped"
 )
 
-// automation is the running scheduler and dead-letter queue of a Server.
+// automation is the running scheduler and dead-letter queue of a Server,
+// and the handlers of their routes. The scheduler drives sessions through
+// schedule.Sessions (scheduleSessions: the same checks as any client of
+// the gateway), not through the server's own methods; the server only
+// mounts the routes and starts and closes it.
 type automation struct {
+	s     *Server // the front door: authentication, errors, audit
 	dlq   *dlq.Queue
 	sched *schedule.Scheduler
 
@@ -68,96 +73,100 @@ type automation struct {
 const bucketTimeout = time.Minute
 
 // mountAutomation opens the dead-letter queue and the scheduler and
-// registers their routes; the scheduler starts with startAutomation.
-func (s *Server) mountAutomation(mux *http.ServeMux, cfg Config) error {
+// registers their routes on mux; nil (and no routes) when cfg turns
+// automation off. The scheduler starts with start.
+func mountAutomation(s *Server, mux *http.ServeMux, cfg Config) (*automation, error) {
 	ac := cfg.Automation
 	if ac.Disabled {
-		return nil
+		return nil, nil
 	}
 	js, err := jetstream.New(s.nc)
 	if err != nil {
-		return fmt.Errorf("gateway: automation: %w", err)
+		return nil, fmt.Errorf("gateway: automation: %w", err)
 	}
 	// Creating replicated buckets waits for the cluster to elect their
 	// leaders: seconds on a loaded cluster, far more than one request.
 	ctx, cancel := context.WithTimeout(context.Background(), bucketTimeout)
 	defer cancel()
-	a := &automation{dlq: ac.DLQ, retrying: make(map[string]bool)}
+	a := &automation{s: s, dlq: ac.DLQ, retrying: make(map[string]bool)}
 	if a.dlq == nil && cfg.Tasks != nil {
 		a.dlq = cfg.Tasks.Service.DLQ
 	}
+	prefix := prefixOf(s.subj)
 	if a.dlq == nil {
 		a.dlq, err = retryStartup(ctx, s.log, "open the dead-letter bucket", func(ctx context.Context) (*dlq.Queue, error) {
-			return dlq.Open(ctx, dlq.Config{JetStream: js, Bucket: s.prefix() + "_dlq", Replicas: ac.Replicas,
+			return dlq.Open(ctx, dlq.Config{JetStream: js, Bucket: prefix + "_dlq", Replicas: ac.Replicas,
 				Logger: s.log.With("component", "dlq")})
 		})
 		if err != nil {
-			return fmt.Errorf("gateway: %w", err)
+			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
 	sc := ac.Schedule
-	sc.JetStream, sc.Prefix, sc.Replicas = js, s.prefix(), ac.Replicas
+	sc.JetStream, sc.Prefix, sc.Replicas = js, prefix, ac.Replicas
 	sc.Sessions, sc.DLQ, sc.Instance = scheduleSessions{s}, a.dlq, s.id
 	sc.Logger = s.log.With("component", "scheduler")
+	sc.Audit = s.record
 	a.sched, err = retryStartup(ctx, s.log, "open the schedule buckets", func(ctx context.Context) (*schedule.Scheduler, error) {
 		return schedule.Open(ctx, sc)
 	})
 	if err != nil {
-		return fmt.Errorf("gateway: %w", err)
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	s.auto = a
-	mux.Handle("POST /v1/schedules", s.authed(s.createSchedule))
-	mux.Handle("GET /v1/schedules", s.authed(s.listSchedules))
-	mux.Handle("GET /v1/schedules/{id}", s.authed(s.getSchedule))
-	mux.Handle("DELETE /v1/schedules/{id}", s.authed(s.deleteSchedule))
-	mux.Handle("POST /v1/schedules/{id}/pause", s.authed(s.pauseSchedule))
-	mux.Handle("POST /v1/schedules/{id}/resume", s.authed(s.resumeSchedule))
-	mux.Handle("POST /v1/schedules/{id}/run", s.authed(s.runSchedule))
-	mux.Handle("GET /v1/dlq", s.authed(s.listDeadLetters))
-	mux.Handle("POST /v1/dlq/{id}/retry", s.authed(s.retryDeadLetter))
-	mux.Handle("DELETE /v1/dlq/{id}", s.authed(s.dropDeadLetter))
-	return nil
+	mux.Handle("POST /v1/schedules", s.authed(a.createSchedule))
+	mux.Handle("GET /v1/schedules", s.authed(a.listSchedules))
+	mux.Handle("GET /v1/schedules/{id}", s.authed(a.getSchedule))
+	mux.Handle("DELETE /v1/schedules/{id}", s.authed(a.deleteSchedule))
+	mux.Handle("POST /v1/schedules/{id}/pause", s.authed(a.pauseSchedule))
+	mux.Handle("POST /v1/schedules/{id}/resume", s.authed(a.resumeSchedule))
+	mux.Handle("POST /v1/schedules/{id}/run", s.authed(a.runSchedule))
+	mux.Handle("GET /v1/dlq", s.authed(a.listDeadLetters))
+	mux.Handle("POST /v1/dlq/{id}/retry", s.authed(a.retryDeadLetter))
+	mux.Handle("DELETE /v1/dlq/{id}", s.authed(a.dropDeadLetter))
+	return a, nil
 }
 
-// prefix is the prefix of the gateway's subjects and buckets.
-func (s *Server) prefix() string {
-	if s.subj.Prefix == "" {
+// prefixOf is the prefix of subj's subjects and of the gateway's buckets.
+func prefixOf(subj session.Subjects) string {
+	if subj.Prefix == "" {
 		return session.DefaultPrefix
 	}
-	return s.subj.Prefix
+	return subj.Prefix
 }
 
-// startAutomation starts the scheduler.
-func (s *Server) startAutomation() {
-	if s.auto != nil {
-		s.auto.sched.Start()
+// start starts the scheduler; a nil a does nothing.
+func (a *automation) start() {
+	if a != nil {
+		a.sched.Start()
 	}
 }
 
-// closeAutomation stops the scheduler (runs under way become dead letters)
-// and waits for retries by hand, which end with the server's context.
-func (s *Server) closeAutomation() {
-	if s.auto == nil {
+// close stops the scheduler (runs under way become dead letters) and waits
+// for retries by hand, which end with the server's context; a nil a does
+// nothing.
+func (a *automation) close() {
+	if a == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultChannelsDrain)
 	defer cancel()
-	if err := s.auto.sched.Close(ctx); err != nil {
-		s.log.Warn("close scheduler", "err", err)
+	if err := a.sched.Close(ctx); err != nil {
+		a.s.log.Warn("close scheduler", "err", err)
 	}
-	s.auto.retries.Wait()
+	a.retries.Wait()
 }
 
 // createSchedule serves POST /v1/schedules {"cron","tz"?,"session"? |
 // "new","title"?,"prompt","missed"?} → 201 Schedule. Scheduling into a
 // session needs the driver role on it; the schedule runs as its creator.
-func (s *Server) createSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (a *automation) createSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
 	var spec schedule.Spec
 	if err := decodeBody(w, r, &spec, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	sc, err := s.auto.sched.Create(r.Context(), p, spec)
+	sc, err := a.sched.Create(r.Context(), p, spec)
 	if err != nil {
 		if errors.Is(err, session.ErrForbidden) || errors.Is(err, session.ErrNotFound) {
 			s.auditDenied(r.Context(), remoteOf(r), p, spec.Session, "schedule prompts", nil, err)
@@ -174,8 +183,9 @@ func (s *Server) createSchedule(w http.ResponseWriter, r *http.Request, p sessio
 
 // listSchedules serves GET /v1/schedules → {"schedules":[Schedule…]}: the
 // caller's, or all of the tenant's for a tenant admin.
-func (s *Server) listSchedules(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	l, err := s.auto.sched.List(r.Context(), p)
+func (a *automation) listSchedules(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
+	l, err := a.sched.List(r.Context(), p)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -184,8 +194,9 @@ func (s *Server) listSchedules(w http.ResponseWriter, r *http.Request, p session
 }
 
 // getSchedule serves GET /v1/schedules/{id} → Schedule.
-func (s *Server) getSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	sc, err := s.auto.sched.Get(r.Context(), p, r.PathValue("id"))
+func (a *automation) getSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
+	sc, err := a.sched.Get(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -194,9 +205,10 @@ func (s *Server) getSchedule(w http.ResponseWriter, r *http.Request, p session.P
 }
 
 // deleteSchedule serves DELETE /v1/schedules/{id} → 204.
-func (s *Server) deleteSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (a *automation) deleteSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
 	id := r.PathValue("id")
-	if err := s.auto.sched.Delete(r.Context(), p, id); err != nil {
+	if err := a.sched.Delete(r.Context(), p, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -207,19 +219,20 @@ func (s *Server) deleteSchedule(w http.ResponseWriter, r *http.Request, p sessio
 }
 
 // pauseSchedule serves POST /v1/schedules/{id}/pause → 200 Schedule.
-func (s *Server) pauseSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	s.setPaused(w, r, p, true)
+func (a *automation) pauseSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	a.setPaused(w, r, p, true)
 }
 
 // resumeSchedule serves POST /v1/schedules/{id}/resume → 200 Schedule; the
 // ticks that passed while it was paused are not run.
-func (s *Server) resumeSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	s.setPaused(w, r, p, false)
+func (a *automation) resumeSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	a.setPaused(w, r, p, false)
 }
 
-func (s *Server) setPaused(w http.ResponseWriter, r *http.Request, p session.Principal, paused bool) {
+func (a *automation) setPaused(w http.ResponseWriter, r *http.Request, p session.Principal, paused bool) {
+	s := a.s
 	id := r.PathValue("id")
-	sc, err := s.auto.sched.SetPaused(r.Context(), p, id, paused)
+	sc, err := a.sched.SetPaused(r.Context(), p, id, paused)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -237,9 +250,10 @@ func (s *Server) setPaused(w http.ResponseWriter, r *http.Request, p session.Pri
 // runSchedule serves POST /v1/schedules/{id}/run → 202 Schedule: the
 // schedule runs once now, as its creator, outside its timing; its
 // last_run tells how it went.
-func (s *Server) runSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (a *automation) runSchedule(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
 	id := r.PathValue("id")
-	sc, err := s.auto.sched.RunNow(r.Context(), p, id)
+	sc, err := a.sched.RunNow(r.Context(), p, id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -257,8 +271,8 @@ func seesDeadLetter(p session.Principal, e dlq.Entry) bool {
 }
 
 // deadLetter returns entry id if p may see it.
-func (s *Server) deadLetter(ctx context.Context, p session.Principal, id string) (dlq.Entry, error) {
-	e, err := s.auto.dlq.Get(ctx, id)
+func (a *automation) deadLetter(ctx context.Context, p session.Principal, id string) (dlq.Entry, error) {
+	e, err := a.dlq.Get(ctx, id)
 	if err != nil {
 		if !errors.Is(err, session.ErrNotFound) {
 			err = withCause(session.Errorf(session.CodeUnavailable, "dead letters are unavailable: try again shortly"), err)
@@ -273,8 +287,9 @@ func (s *Server) deadLetter(ctx context.Context, p session.Principal, id string)
 
 // listDeadLetters serves GET /v1/dlq → {"dead_letters":[Entry…]}, newest
 // first: a tenant admin sees the tenant's, anyone else their own.
-func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	all, err := s.auto.dlq.List(r.Context(), p.Tenant)
+func (a *automation) listDeadLetters(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
+	all, err := a.dlq.List(r.Context(), p.Tenant)
 	if err != nil {
 		s.fail(w, r, withCause(session.Errorf(session.CodeUnavailable, "dead letters are unavailable: try again shortly"), err))
 		return
@@ -292,19 +307,19 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, p sessi
 // "retrying"}: the run starts again in the background, as the user it
 // acted for; on success the entry goes away, on failure it stays with the
 // new reason (GET /v1/dlq shows which).
-func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (a *automation) retryDeadLetter(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
 	id := r.PathValue("id")
-	e, err := s.deadLetter(r.Context(), p, id)
+	e, err := a.deadLetter(r.Context(), p, id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if !s.auto.dlq.CanRetry(e.Kind) {
+	if !a.dlq.CanRetry(e.Kind) {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest,
 			"dead letters of kind %q cannot be retried by this server (is that feature turned on?): drop it with `atrium dlq drop %s`", e.Kind, id))
 		return
 	}
-	a := s.auto
 	a.mu.Lock()
 	if a.retrying[id] {
 		a.mu.Unlock()
@@ -344,14 +359,15 @@ func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request, p sessi
 }
 
 // dropDeadLetter serves DELETE /v1/dlq/{id} → 204.
-func (s *Server) dropDeadLetter(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (a *automation) dropDeadLetter(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := a.s
 	id := r.PathValue("id")
-	e, err := s.deadLetter(r.Context(), p, id)
+	e, err := a.deadLetter(r.Context(), p, id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.auto.dlq.Delete(r.Context(), id); err != nil {
+	if err := a.dlq.Delete(r.Context(), id); err != nil {
 		if !errors.Is(err, session.ErrNotFound) && !errors.Is(err, session.ErrConflict) {
 			err = withCause(session.Errorf(session.CodeUnavailable, "dead letters are unavailable: try again shortly"), err)
 		}

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/atriumhq/atrium/gateway/audit"
@@ -110,10 +108,7 @@ func (s *Server) mountChannels(mux *http.ServeMux, cfg *Channels) (*channels, er
 	}
 	if c.hooks != nil {
 		mux.Handle("POST /v1/hooks/{name}", c.hooks.Handler(chatSessions{s}, svc))
-		mux.Handle("GET /v1/hooks/deliveries", s.authed(s.listDeliveries))
-		mux.Handle("GET /v1/sessions/{id}/hooks", s.authed(s.listSubscriptions))
-		mux.Handle("PUT /v1/sessions/{id}/hooks/{target}", s.authed(s.subscribe))
-		mux.Handle("DELETE /v1/sessions/{id}/hooks/{target}", s.authed(s.unsubscribe))
+		hookRoutes{s: s, c: c}.mount(mux) // hookroutes.go
 	}
 	return c, nil
 }
@@ -124,117 +119,6 @@ func (c *channels) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.drain)
 	defer cancel()
 	_ = c.svc.Close(ctx)
-}
-
-// listDeliveries serves GET /v1/hooks/deliveries?session=ID&limit=N →
-// {"deliveries":[Delivery…]}: the outbound webhook log of a session, for
-// its owners (and tenant admins).
-func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	q := r.URL.Query()
-	id := session.ID(q.Get("session"))
-	if id == "" {
-		s.fail(w, r, session.Errorf(session.CodeBadRequest, "give the session: /v1/hooks/deliveries?session=<id>"))
-		return
-	}
-	limit := DefaultEventsLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > hooks.MaxDeliveries {
-			s.fail(w, r, session.Errorf(session.CodeBadRequest, "limit must be an integer from 1 to %d, not %q", hooks.MaxDeliveries, v))
-			return
-		}
-		limit = n
-	}
-	if !s.manages(w, r, p, id, "read webhook deliveries") {
-		return
-	}
-	ds, err := s.chans.hooks.Deliveries(r.Context(), id, limit)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		Deliveries []hooks.Delivery `json:"deliveries"`
-	}{ds})
-}
-
-// listSubscriptions serves GET /v1/sessions/{id}/hooks → {"hooks":[{"target","kinds"}…]} (owner).
-func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	id := session.ID(r.PathValue("id"))
-	if !s.manages(w, r, p, id, "read webhook subscriptions") {
-		return
-	}
-	subs, err := s.chans.svc.Subscriptions(r.Context(), id)
-	if err != nil {
-		s.fail(w, r, withCause(session.Errorf(session.CodeUnavailable, "webhook subscriptions are unavailable: try again shortly"), err))
-		return
-	}
-	if subs == nil {
-		subs = []channel.Subscription{}
-	}
-	writeJSON(w, http.StatusOK, struct {
-		Hooks []channel.Subscription `json:"hooks"`
-	}{subs})
-}
-
-// subscribe serves PUT /v1/sessions/{id}/hooks/{target} {"kinds"?:[…]} → 200
-// {"target","kinds"} (owner): the session's events of those kinds (all,
-// if none) are delivered to the configured target from now on.
-func (s *Server) subscribe(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	id, target := session.ID(r.PathValue("id")), r.PathValue("target")
-	var body struct {
-		Kinds []session.Kind `json:"kinds"`
-	}
-	if err := decodeBody(w, r, &body, true); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if !s.chans.hooks.HasTarget(target) {
-		s.fail(w, r, session.Errorf(session.CodeNotFound, "there is no webhook target named %q: targets are configured by the operator", target))
-		return
-	}
-	if !s.manages(w, r, p, id, "subscribe to webhooks") {
-		return
-	}
-	sub := channel.Subscription{Target: target, Kinds: body.Kinds}
-	if err := s.chans.svc.Subscribe(r.Context(), p, id, sub); err != nil {
-		s.fail(w, r, channelError(err))
-		return
-	}
-	e := entry(p, remoteOf(r), actWebhookSubscribed)
-	e.Session, e.Target, e.Detail = string(id), target, fmt.Sprintf("kinds %v", body.Kinds)
-	s.record(r.Context(), e)
-	writeJSON(w, http.StatusOK, sub)
-}
-
-// unsubscribe serves DELETE /v1/sessions/{id}/hooks/{target} → 204 (owner).
-func (s *Server) unsubscribe(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	id, target := session.ID(r.PathValue("id")), r.PathValue("target")
-	if !s.manages(w, r, p, id, "unsubscribe from webhooks") {
-		return
-	}
-	if err := s.chans.svc.Unsubscribe(r.Context(), id, target); err != nil {
-		s.fail(w, r, channelError(err))
-		return
-	}
-	e := entry(p, remoteOf(r), actWebhookUnsubscribed)
-	e.Session, e.Target = string(id), target
-	s.record(r.Context(), e)
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// manages checks that p owns session id, answering the request if not.
-func (s *Server) manages(w http.ResponseWriter, r *http.Request, p session.Principal, id session.ID, what string) bool {
-	a, err := s.check(r.Context(), p, id, session.ActManage)
-	if err == nil {
-		err = a.deny
-	}
-	if err != nil {
-		s.auditDenied(r.Context(), remoteOf(r), p, id, what, a.entry, err)
-		s.fail(w, r, err)
-		return false
-	}
-	return true
 }
 
 // channelError keeps wire errors and reports anything else (NATS, KV) as

@@ -375,10 +375,10 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.chans = c
 	}
-	if err := s.mountAutomation(mux, cfg); err != nil {
+	if s.auto, err = mountAutomation(s, mux, cfg); err != nil { // automation.go
 		return nil, err
 	}
-	if err := s.mountTasks(mux, cfg.Tasks); err != nil {
+	if s.tasks, err = mountTasks(s, mux, cfg.Tasks); err != nil { // tasks.go
 		return nil, err
 	}
 	mux.Handle("/v1/", s.authed(s.noRoute))
@@ -402,7 +402,7 @@ func New(cfg Config) (*Server, error) {
 	s.bg.Go(s.watchNodes)
 	s.bg.Go(s.recheckTokens)
 	s.bg.Go(s.runQuotas)
-	s.startAutomation()
+	s.auto.start()
 	if s.chans != nil {
 		s.chans.svc.Start()
 	}
@@ -436,9 +436,9 @@ func (s *Server) shutdown() {
 	if s.chans != nil {
 		s.chans.close()
 	}
-	s.closeTasks()
+	closeTasks(s.tasks, s.log)
 	s.cancel(errors.New("gateway: closed"))
-	s.closeAutomation()
+	s.auto.close()
 	s.conns.Wait()
 	s.hub.close()
 	s.replies.close()

@@ -6,12 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 
 	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/task"
 	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/session/api"
+	"github.com/nats-io/nats.go"
 )
 
 // Tasks configures repository tasks (docs/automation.md): POST /v1/tasks
@@ -24,35 +27,45 @@ type Tasks struct {
 // Audit action of a task started.
 const ActTaskStarted = "task_started"
 
+// taskRoutes are the handlers of the task routes. The task service drives
+// sessions through task.Sessions (taskSessions: the same checks as any
+// client of the gateway), not through the server's own methods.
+type taskRoutes struct {
+	s   *Server // the front door: authentication, errors, audit
+	svc *task.Service
+}
+
 // mountTasks starts the task service and registers its routes; nil cfg
-// mounts nothing. The service is closed by closeTasks.
-func (s *Server) mountTasks(mux *http.ServeMux, cfg *Tasks) error {
+// mounts nothing and returns nil. The service is closed by closeTasks.
+func mountTasks(s *Server, mux *http.ServeMux, cfg *Tasks) (*task.Service, error) {
 	if cfg == nil {
-		return nil
+		return nil, nil
 	}
 	tc := cfg.Service
 	tc.NATS, tc.Subjects, tc.Sessions = s.nc, s.subj, taskSessions{chatSessions{s}}
 	tc.Replicas = cmp.Or(tc.Replicas, s.replicas)
 	tc.Logger = s.log.With("component", "tasks")
+	tc.Audit = s.record
 	svc, err := task.New(context.Background(), tc)
 	if err != nil {
-		return fmt.Errorf("gateway: tasks: %w", err)
+		return nil, fmt.Errorf("gateway: tasks: %w", err)
 	}
-	s.tasks = svc
-	mux.Handle("POST /v1/tasks", s.authed(s.startTask))
-	mux.Handle("GET /v1/tasks/{id}", s.authed(s.getTask))
-	return nil
+	rt := taskRoutes{s: s, svc: svc}
+	mux.Handle("POST /v1/tasks", s.authed(rt.startTask))
+	mux.Handle("GET /v1/tasks/{id}", s.authed(rt.getTask))
+	return svc, nil
 }
 
-// closeTasks stops running tasks (see task.Service.Close).
-func (s *Server) closeTasks() {
-	if s.tasks == nil {
+// closeTasks stops running tasks (see task.Service.Close); a nil svc does
+// nothing.
+func closeTasks(svc *task.Service, log *slog.Logger) {
+	if svc == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultChannelsDrain)
 	defer cancel()
-	if err := s.tasks.Close(ctx); err != nil {
-		s.log.Warn("close tasks", "err", err)
+	if err := svc.Close(ctx); err != nil {
+		log.Warn("close tasks", "err", err)
 	}
 }
 
@@ -60,13 +73,14 @@ func (s *Server) closeTasks() {
 // "harness"?,"callback_url"?} → 202 {"task","session"}. The caller's
 // permission on the repository is checked with its forge first: without
 // write access the answer is 403 and no session exists.
-func (s *Server) startTask(w http.ResponseWriter, r *http.Request, p session.Principal) {
+func (rt taskRoutes) startTask(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := rt.s
 	var req task.Request
 	if err := decodeBody(w, r, &req, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	t, err := s.tasks.Start(r.Context(), p, req)
+	t, err := rt.svc.Start(r.Context(), p, req)
 	if err != nil {
 		var se *session.Error
 		if errors.As(err, &se) && se.Code == session.CodeForbidden {
@@ -84,8 +98,9 @@ func (s *Server) startTask(w http.ResponseWriter, r *http.Request, p session.Pri
 
 // getTask serves GET /v1/tasks/{id} → the task (its user, or a tenant
 // admin).
-func (s *Server) getTask(w http.ResponseWriter, r *http.Request, p session.Principal) {
-	t, err := s.tasks.Get(r.Context(), p, r.PathValue("id"))
+func (rt taskRoutes) getTask(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := rt.s
+	t, err := rt.svc.Get(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -142,6 +157,58 @@ func (c taskSessions) DeleteSecret(ctx context.Context, p session.Principal, id 
 func (c taskSessions) PROpened(ctx context.Context, p session.Principal, id session.ID, pr session.PROpenedData) error {
 	_, err := c.do(ctx, p, id, session.ActDrive, session.Command{Op: session.OpPROpened, PR: &pr})
 	return err
+}
+
+func (c taskSessions) PutArchive(ctx context.Context, p session.Principal, id session.ID, dir string, body io.Reader) error {
+	reply, err := c.do(ctx, p, id, session.ActDrive, session.Command{Op: session.OpFiles,
+		Files: &session.FilesRequest{Op: session.FileArchiveIn, Path: dir, Size: -1}})
+	if err == nil && (reply.Files == nil || reply.Files.Stream == "") {
+		err = session.Errorf(session.CodeInternal, "the node's answer to a write has no stream")
+	}
+	if err != nil {
+		return err
+	}
+	return c.s.sendBody(ctx, reply.Files.Stream, body)
+}
+
+// GetArchive is the in-process GET /v1/sessions/{id}/archive: the node's
+// chunk stream (files.go) copied to w; a stream that ends early is an
+// error, never a short archive.
+func (c taskSessions) GetArchive(ctx context.Context, p session.Principal, id session.ID, dir string, w io.Writer) error {
+	s := c.s
+	sub, err := s.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		return natsError(err)
+	}
+	defer sub.Unsubscribe()
+	reply, err := c.do(ctx, p, id, session.ActRead, session.Command{Op: session.OpFiles,
+		Files: &session.FilesRequest{Op: session.FileArchiveOut, Path: dir, Stream: sub.Subject}})
+	if err == nil && (reply.Files == nil || reply.Files.File == nil) {
+		err = session.Errorf(session.CodeInternal, "the node's answer to a read has no file")
+	}
+	if err != nil {
+		return err
+	}
+	for {
+		mctx, cancel := context.WithTimeout(ctx, fileStreamTimeout)
+		msg, err := sub.NextMsgWithContext(mctx)
+		cancel()
+		if err != nil {
+			return withCause(session.Errorf(session.CodeUnavailable, "the workspace archive of session %s ended early", id), err)
+		}
+		if e := msg.Header.Get(session.HeaderChunkError); e != "" {
+			_ = msg.Respond(nil)
+			return session.Errorf(session.CodeUnavailable, "the node could not send the workspace archive of session %s: %s", id, e)
+		}
+		if _, err := w.Write(msg.Data); err != nil {
+			_ = msg.Respond(encodeError(session.Errorf(session.CodeUnavailable, "the reader went away")))
+			return fmt.Errorf("write the workspace archive of session %s: %w", id, err)
+		}
+		_ = msg.Respond(nil)
+		if msg.Header.Get(session.HeaderChunkEnd) != "" {
+			return nil
+		}
+	}
 }
 
 // History is chatSessions's; listed here for task.Sessions.

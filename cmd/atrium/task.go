@@ -36,6 +36,7 @@ func newTaskRunCmd(env *cliEnv) *cobra.Command {
 		conn    connFlags
 		req     client.TaskRequest
 		command []string
+		agent   string
 		detach  bool
 		asJSON  bool
 	)
@@ -49,12 +50,19 @@ task that failed exits 1 with the reason and its dead letter, which
 'atrium dlq retry ID' runs again. PROMPT "-" reads the prompt from stdin.
 
 By default the prompt runs as a shell command in the repository (the shell
-harness); --command runs another harness, such as an agent CLI, with the
-prompt on its stdin (the harness contract). With --detach, print the task id
-and session and return at once; 'atrium task show ID' tells how it went.`,
+harness); --command runs another harness with the prompt on its stdin (the
+harness contract). --agent runs a coding agent installed on the server's nodes
+(claude, codex, gemini, opencode: see 'atrium agents ls') in the session: the
+repository is put into its workspace on the task's branch, the agent works on
+the prompt in one turn, and what it changed is committed and pushed by the
+server. Approvals the agent asks for follow the server's permission mode; a
+driver can answer them in the session ('atrium attach SESSION').
+
+With --detach, print the task id and session and return at once; 'atrium task
+show ID' tells how it went.`,
 		Example: `  atrium task run --repo https://github.com/acme/widgets --base main "make fmt"
   atrium task run --repo https://gitea.example.com/acme/widgets --title "Update deps" "go get -u ./... && go mod tidy"
-  atrium task run --repo https://github.com/acme/widgets --command claude --command -p "Fix the flaky test"
+  atrium task run --repo https://github.com/acme/widgets --agent claude "Fix the flaky test in store_test.go"
   atrium task run --repo https://github.com/acme/widgets --detach --json "make fmt"`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -66,9 +74,13 @@ and session and return at once; 'atrium task show ID' tells how it went.`,
 				return usageError(cmd, "--repo is required: the repository's https URL, e.g. https://github.com/acme/widgets")
 			}
 			req.Prompt = text
+			if len(command) > 0 && agent != "" {
+				return usageError(cmd, "give --agent or --command, not both: --agent runs an installed coding agent, --command a harness")
+			}
 			if len(command) > 0 {
 				req.Harness.Command = command
 			}
+			req.Harness.Agent = agent
 			c, err := conn.client(cmd, env)
 			if err != nil {
 				return err
@@ -103,6 +115,7 @@ and session and return at once; 'atrium task show ID' tells how it went.`,
 	cmd.Flags().StringVar(&req.Base, "base", "main", "branch the pull request merges into")
 	cmd.Flags().StringVar(&req.Title, "title", "", "pull request title (default: the prompt's first line)")
 	cmd.Flags().StringArrayVar(&command, "command", nil, "harness argv, one --command per argument (default: the shell harness)")
+	cmd.Flags().StringVar(&agent, "agent", "", "run this coding agent on the prompt (see 'atrium agents ls'), e.g. claude")
 	cmd.Flags().StringVar(&req.CallbackURL, "callback-url", "", "URL the server POSTs the signed result to (if the server allows it)")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "print the task id and session and return without waiting")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the task (or, with --detach, {task,session,branch}) as JSON")

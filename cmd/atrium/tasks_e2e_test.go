@@ -44,6 +44,13 @@ const (
 
 func startTaskStack(t *testing.T, typ string) *taskStack {
 	t.Helper()
+	return startTaskStackWith(t, typ, nil)
+}
+
+// startTaskStackWith is startTaskStack with tune applied to the server's
+// configuration before it starts.
+func startTaskStackWith(t *testing.T, typ string, tune func(*server.Config)) *taskStack {
+	t.Helper()
 	st := &taskStack{hooked: make(chan []byte, 16)}
 	st.git = forgetest.StartGit(t, taskForgeToken)
 	st.repo = st.git.Repo("acme/widgets", "main")
@@ -97,6 +104,9 @@ tasks:
 	st.cfg, err = serverConfig(f, &logs, getenv)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tune != nil {
+		tune(&st.cfg)
 	}
 	st.srv, err = server.Start(context.Background(), st.cfg)
 	if err != nil {

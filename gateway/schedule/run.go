@@ -7,9 +7,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/session"
 )
+
+// ActRun is the audit action of a scheduled run that ended: by the
+// scheduler, by hand (run now) or by a retry of its dead letter.
+const ActRun = "schedule_run_finished"
 
 // Payload is what a dead letter of a scheduled run keeps for its retry.
 type Payload struct {
@@ -26,7 +31,7 @@ type Payload struct {
 func (s *Scheduler) fire(r record, run Run) {
 	pl := Payload{Schedule: r.ID, Tick: run.Tick, Session: r.Session}
 	var out Outcome
-	attempts, err := s.cfg.Retry.Do(s.ctx, func(ctx context.Context) error {
+	attempts, err := s.backoff(r).Do(s.ctx, func(ctx context.Context) error {
 		var err error
 		out, err = s.runOnce(ctx, r, &pl)
 		return err
@@ -68,7 +73,11 @@ func (s *Scheduler) runOnce(ctx context.Context, r record, pl *Payload) (Outcome
 	if out.Reason != "" {
 		msg += ": " + out.Reason
 	}
-	if out.Unavailable {
+	// A turn that failed or timed out is tried again (the prompt sent
+	// again to the same session) only under the schedule's retry policy:
+	// the agent's failure, unlike the infrastructure's, is retried only
+	// when the schedule asks for it.
+	if out.Unavailable || r.Retry != nil {
 		return out, dlq.Transient(errors.New(msg))
 	}
 	return out, errors.New(msg)
@@ -116,6 +125,7 @@ func (s *Scheduler) finish(r record, run Run, pl Payload, out Outcome, err error
 		}
 		s.log.Warn("scheduled run failed", "schedule", r.ID, "session", pl.Session, "dead_letter", run.DeadLetter, "err", err)
 	}
+	s.audit(ctx, r, run)
 	uerr := s.update(ctx, r.ID, func(cur *record) error {
 		if cur.LastRun != nil && cur.LastRun.Tick.After(run.Tick) {
 			return errSuperseded
@@ -126,6 +136,27 @@ func (s *Scheduler) finish(r record, run Run, pl Payload, out Outcome, err error
 	if uerr != nil && !errors.Is(uerr, errSuperseded) && !errors.Is(uerr, session.ErrNotFound) {
 		s.log.Warn("scheduled run not recorded", "schedule", r.ID, "err", uerr)
 	}
+}
+
+// audit records how run of r ended, as r's creator (Via "schedule"): the
+// outcome, the turn's status and the tries; never the prompt.
+func (s *Scheduler) audit(ctx context.Context, r record, run Run) {
+	if s.cfg.Audit == nil {
+		return
+	}
+	e := audit.Entry{Tenant: r.Tenant, Actor: r.Creator, Via: "schedule", Action: ActRun, Outcome: audit.OK,
+		Session: string(run.Session), Target: r.ID}
+	e.Detail = fmt.Sprintf("tick %s, %s after %d attempt(s)", run.Tick.UTC().Format(time.RFC3339), run.Status, max(run.Attempts, 1))
+	if run.Turn != 0 {
+		e.Detail += fmt.Sprintf(", turn %d", run.Turn)
+	}
+	if run.Status != string(session.TurnOK) {
+		e.Outcome = audit.Failed
+	}
+	if run.DeadLetter != "" {
+		e.Detail += ", dead letter " + run.DeadLetter
+	}
+	s.cfg.Audit(ctx, e)
 }
 
 // errSuperseded: a later run is recorded already.

@@ -193,6 +193,11 @@ func validateSpec(sp *Spec) (timing, error) {
 	default:
 		return timing{}, session.Errorf(session.CodeBadRequest, "missed must be %s or %s, not %q", MissedSkip, MissedRunOnce, sp.Missed)
 	}
+	if sp.Retry != nil {
+		if err := sp.Retry.Validate(); err != nil {
+			return timing{}, err
+		}
+	}
 	return tm, nil
 }
 

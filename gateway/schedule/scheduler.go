@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/session"
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,8 +86,12 @@ type Config struct {
 	// and recorded in the schedule's LastRun. Open registers the
 	// "schedule" retry handler on it.
 	DLQ *dlq.Queue
-	// Retry is the backoff of transient failures of a run.
+	// Retry is the backoff of transient failures of a run; a schedule's
+	// own retry policy (Spec.Retry) replaces it for its runs.
 	Retry dlq.Backoff
+	// Audit records each run's end (ActRun) in the audit log; nil: runs
+	// are only logged.
+	Audit func(ctx context.Context, e audit.Entry)
 	// Instance names this scheduler in the leader's lease; default a
 	// random id.
 	Instance string
@@ -429,6 +434,27 @@ func (s *Scheduler) lostAfter() time.Duration {
 	return time.Duration(attempts)*(s.cfg.RunTimeout+wait) + s.cfg.Grace
 }
 
+// lostAfterFor is lostAfter for a run of r, whose retry policy may try
+// more often or wait longer than the scheduler's own backoff.
+func (s *Scheduler) lostAfterFor(r record) time.Duration {
+	d := s.lostAfter()
+	if p := r.Retry; p != nil {
+		_, wait := p.Delays()
+		d = max(d, time.Duration(p.Attempts)*(s.cfg.RunTimeout+wait)+s.cfg.Grace)
+	}
+	return d
+}
+
+// backoff is how a run of r is retried: r's retry policy, or the
+// scheduler's backoff of infrastructure failures.
+func (s *Scheduler) backoff(r record) dlq.Backoff {
+	if p := r.Retry; p != nil {
+		base, max := p.Delays()
+		return dlq.Backoff{Base: base, Max: max, Attempts: p.Attempts}
+	}
+	return s.cfg.Retry
+}
+
 // reapLost turns c's last run into a dead letter if it has shown as running
 // for longer than any run lasts: the gateway running it died, and the run
 // must not be lost silently. It reports whether it did; if not, it returns
@@ -438,7 +464,7 @@ func (s *Scheduler) reapLost(c cached, now time.Time) (time.Time, bool) {
 	if r.LastRun == nil || r.LastRun.Status != StatusRunning {
 		return time.Time{}, false
 	}
-	lost := r.LastRun.StartedAt.Add(s.lostAfter())
+	lost := r.LastRun.StartedAt.Add(s.lostAfterFor(r))
 	if now.Before(lost) {
 		return lost, false
 	}

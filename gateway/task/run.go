@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/gateway/forge"
 	"github.com/atriumhq/atrium/session"
@@ -31,7 +32,10 @@ type payload struct {
 // transient reason), then the pull request (likewise). What still fails
 // becomes a dead letter.
 func (s *Service) run(ctx context.Context, t Task) {
-	attempts, err := s.cfg.Backoff.Do(ctx, func(ctx context.Context) error { return s.step(ctx, &t) })
+	attempts, err := s.backoff(&t).Do(ctx, func(ctx context.Context) error {
+		t.Attempts++
+		return s.step(ctx, &t)
+	})
 	if err == nil {
 		return
 	}
@@ -42,6 +46,26 @@ func (s *Service) run(ctx context.Context, t Task) {
 		return
 	}
 	s.deadLetter(context.WithoutCancel(ctx), &t, attempts, err)
+}
+
+// backoff is how t is retried: its retry policy, or the service's backoff
+// of infrastructure failures.
+func (s *Service) backoff(t *Task) dlq.Backoff {
+	if p := t.Retry; p != nil {
+		base, max := p.Delays()
+		return dlq.Backoff{Base: base, Max: max, Attempts: p.Attempts}
+	}
+	return s.cfg.Backoff
+}
+
+// turnFailed is the error of a task's turn that failed or timed out: worth
+// another try only when t has a retry policy (the agent may do better the
+// next time), final otherwise.
+func turnFailed(t *Task, err error) error {
+	if t.Retry != nil {
+		return dlq.Transient(err)
+	}
+	return err
 }
 
 // step does what is left of t: the turn unless the branch is pushed, then
@@ -72,6 +96,9 @@ func (s *Service) turn(ctx context.Context, t *Task) (result, error) {
 	f, err := s.forgeOf(t)
 	if err != nil {
 		return result{}, err
+	}
+	if t.Agent != "" {
+		return s.agentTurn(ctx, t, f)
 	}
 	p := t.Principal
 	defer func() {
@@ -170,6 +197,9 @@ func (s *Service) follow(ctx context.Context, t *Task, seq session.Seq) (result,
 				if json.Unmarshal(ev.Data, &d) != nil || turn == 0 || d.Turn != turn {
 					continue
 				}
+				if t.Agent != "" {
+					return result{}, agentOutcome(t, d, sandboxDown)
+				}
 				return turnOutcome(t, d, res, sandboxDown)
 			}
 		}
@@ -186,6 +216,32 @@ func (s *Service) follow(ctx context.Context, t *Task, seq session.Seq) (result,
 		case <-tick.C:
 		}
 	}
+}
+
+// agentTurn runs one turn of agent task t: the repository is put into the
+// session's workspace (once), the prompt is sent, the turn is followed to
+// its end, and what the agent changed is committed and pushed (agent.go).
+func (s *Service) agentTurn(ctx context.Context, t *Task, f *Forge) (result, error) {
+	if !t.Seeded {
+		if err := s.seed(ctx, t, f); err != nil {
+			return result{}, err
+		}
+		t.Seeded = true
+	}
+	t.Turns++
+	if err := s.save(ctx, t); err != nil {
+		return result{}, dlq.Transient(err)
+	}
+	seq, err := s.cfg.Sessions.Prompt(ctx, t.Principal, t.Session, t.Prompt, fmt.Sprintf("%s.%d", t.ID, t.Turns))
+	if err != nil {
+		return result{}, fmt.Errorf("send the prompt: %w", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.TurnTimeout)
+	defer cancel()
+	if _, err := s.follow(tctx, t, seq); err != nil {
+		return result{}, err
+	}
+	return s.collect(ctx, t, f)
 }
 
 // turnOutcome says what a finished turn means for a task.
@@ -207,7 +263,7 @@ func turnOutcome(t *Task, d session.TurnFinishedData, res *result, sandboxDown s
 	case d.Status == session.TurnCancelled:
 		return result{}, fmt.Errorf("turn %d of session %s was cancelled", d.Turn, t.Session)
 	}
-	return result{}, fmt.Errorf("turn %d of session %s failed with exit code %d: see the session's output", d.Turn, t.Session, d.ExitCode)
+	return result{}, turnFailed(t, fmt.Errorf("turn %d of session %s failed with exit code %d: see the session's output", d.Turn, t.Session, d.ExitCode))
 }
 
 // openPR opens t's pull request and records it in the session.
@@ -243,7 +299,34 @@ func (s *Service) finish(ctx context.Context, t *Task) {
 		s.log.Warn("save task", "task", t.ID, "err", err)
 	}
 	s.log.Info("task finished", "task", t.ID, "session", t.Session, "status", t.Status)
+	s.audit(ctx, t)
 	s.notify(ctx, t)
+}
+
+// ActRun is the audit action of a task run that ended: pr_opened,
+// nothing_to_do or failed (once per run, and once per retry of its dead
+// letter).
+const ActRun = "task_run_finished"
+
+// audit records how t's run ended, as its user (Via "task"); never the
+// prompt or a credential.
+func (s *Service) audit(ctx context.Context, t *Task) {
+	if s.cfg.Audit == nil {
+		return
+	}
+	e := audit.Entry{Tenant: t.Tenant, Actor: t.User, Via: "task", Action: ActRun, Outcome: audit.OK,
+		Session: string(t.Session), Target: t.ID}
+	e.Detail = fmt.Sprintf("%s after %d attempt(s); repo %s, branch %s", t.Status, max(t.Attempts, 1), t.Repo, t.Branch)
+	if t.Agent != "" {
+		e.Detail += ", agent " + t.Agent
+	}
+	if t.Status == StatusFailed {
+		e.Outcome = audit.Failed
+		if t.DeadLetter != "" {
+			e.Detail += ", dead letter " + t.DeadLetter
+		}
+	}
+	s.cfg.Audit(ctx, e)
 }
 
 // notify posts t's result to its callback URL, if it has one.
@@ -290,12 +373,14 @@ func (s *Service) retry(ctx context.Context, e dlq.Entry) error {
 		return nil
 	}
 	t.Status, t.Error = StatusRunning, ""
+	t.Attempts++
 	if err := s.save(ctx, &t); err != nil {
 		return dlq.Transient(err)
 	}
 	if err := s.step(ctx, &t); err != nil {
 		t.Status, t.Error = StatusFailed, err.Error()
 		_ = s.save(context.WithoutCancel(ctx), &t)
+		s.audit(context.WithoutCancel(ctx), &t)
 		return err
 	}
 	return nil

@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"regexp"
@@ -30,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/atriumhq/atrium/gateway/audit"
 	"github.com/atriumhq/atrium/gateway/dlq"
 	"github.com/atriumhq/atrium/gateway/forge"
 	"github.com/atriumhq/atrium/session"
@@ -108,6 +110,13 @@ type Sessions interface {
 	History(ctx context.Context, p session.Principal, id session.ID, after session.Seq, limit int) ([]json.RawMessage, bool, error)
 	// PROpened records a pr_opened event in the session (driver).
 	PROpened(ctx context.Context, p session.Principal, id session.ID, pr session.PROpenedData) error
+	// PutArchive unpacks the tar.gz body into folder dir of the session's
+	// workspace ("" for the whole), whole or not at all (driver); it
+	// waits for the running turn.
+	PutArchive(ctx context.Context, p session.Principal, id session.ID, dir string, body io.Reader) error
+	// GetArchive writes a tar.gz of folder dir of the session's workspace
+	// ("" for the whole) to w (reader).
+	GetArchive(ctx context.Context, p session.Principal, id session.ID, dir string, w io.Writer) error
 }
 
 // Notifier delivers a task's result to its callback_url, signed; nil
@@ -130,7 +139,11 @@ type Config struct {
 	// refused.
 	Notifier Notifier
 	// Backoff retries transient failures; zero fields use dlq's defaults.
+	// A task's own retry policy (Request.Retry) replaces it for the task.
 	Backoff dlq.Backoff
+	// Audit records each run's end (ActRun) in the audit log; nil: runs
+	// are only logged.
+	Audit func(ctx context.Context, e audit.Entry)
 	// TurnTimeout bounds a turn; default DefaultTurnTimeout.
 	TurnTimeout time.Duration
 	// PollInterval: see DefaultPollInterval.
@@ -164,8 +177,18 @@ type Task struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 
+	// Agent names the ACP agent the task's session runs (`atrium task run
+	// --agent`); empty for a harness run inside the task wrapper.
+	Agent string `json:"agent,omitempty"`
+	// Retry is the task's retry policy: a failed or timed-out turn is
+	// tried again under it. Attempts counts the tries made.
+	Retry    *api.RetryPolicy `json:"retry,omitempty"`
+	Attempts int              `json:"attempts,omitempty"`
+
 	// Kept for retries, not shown.
 	Prompt    string            `json:"prompt"`
+	Email     string            `json:"email,omitempty"`  // commit author's email
+	Seeded    bool              `json:"seeded,omitempty"` // an agent task's repository is in its workspace
 	Principal session.Principal `json:"principal"`
 	Pushed    bool              `json:"pushed,omitempty"` // the branch holds the work; only the PR is missing
 	Turns     int               `json:"turns,omitempty"`  // prompts sent, for client ids
@@ -174,8 +197,9 @@ type Task struct {
 // View is what the API shows of t (GET /v1/tasks/{id}).
 func (t Task) View() api.Task {
 	return api.Task{ID: t.ID, User: t.User, Repo: t.Repo, Base: t.Base, Title: t.Title, Session: t.Session,
-		Branch: t.Branch, Status: t.Status, Commit: t.Commit, PRURL: t.PRURL, Error: t.Error,
-		DeadLetter: t.DeadLetter, CallbackURL: t.CallbackURL, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+		Branch: t.Branch, Agent: t.Agent, Status: t.Status, Commit: t.Commit, PRURL: t.PRURL, Error: t.Error,
+		DeadLetter: t.DeadLetter, CallbackURL: t.CallbackURL, Retry: t.Retry, Attempts: t.Attempts,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
 // Service runs tasks. Create it with New and Close it.
@@ -344,16 +368,27 @@ func (s *Service) Start(ctx context.Context, p session.Principal, req Request) (
 	if len(title) > session.MaxTitleBytes-len("Task: ") {
 		title = truncate(title, session.MaxTitleBytes-len("Task: "))
 	}
+	if req.Agent != "" {
+		if req.Harness.Agent != "" && req.Harness.Agent != req.Agent {
+			return Task{}, session.Errorf(session.CodeBadRequest, "agent %q and harness.agent %q differ: give one", req.Agent, req.Harness.Agent)
+		}
+		req.Harness.Agent = req.Agent
+	}
 	if err := req.Harness.Validate(); err != nil {
 		return Task{}, err
 	}
-	if len(req.Harness.Command) == 0 && len(req.Prompt) > maxShellPrompt {
+	if req.Harness.Agent == "" && len(req.Harness.Command) == 0 && len(req.Prompt) > maxShellPrompt {
 		return Task{}, session.Errorf(session.CodePayloadTooLarge,
 			"the shell harness runs prompts of at most %d bytes; give a command harness for longer ones", maxShellPrompt)
 	}
 	if req.Harness.Template != "" && req.Harness.Template != session.DefaultTemplate {
 		return Task{}, session.Errorf(session.CodeBadRequest,
 			`a task's harness is "shell" (the default) or {"command":[…]}; template %q cannot run inside the task wrapper`, req.Harness.Template)
+	}
+	if req.Retry != nil {
+		if err := req.Retry.Validate(); err != nil {
+			return Task{}, err
+		}
 	}
 	if req.CallbackURL != "" {
 		u, err := url.Parse(req.CallbackURL)
@@ -411,15 +446,24 @@ func (s *Service) Start(ctx context.Context, p session.Principal, req Request) (
 	t := Task{
 		ID: "task_" + strings.TrimPrefix(string(session.NewID()), "s_"), Tenant: p.Tenant, User: p.User, Repo: repo.url, Base: req.Base,
 		Title: title, Status: StatusRunning, CallbackURL: req.CallbackURL, CreatedAt: now, UpdatedAt: now,
-		Prompt: req.Prompt, Principal: p,
+		Prompt: req.Prompt, Principal: p, Retry: req.Retry,
 	}
 	t.Branch = "atrium/" + t.ID
 	email := p.User
 	if !strings.Contains(email, "@") {
 		email = login + "@" + noreplyPrefix + strings.Split(repo.host, ":")[0]
 	}
-	h := wrapperHarness(repo.url, req.Base, t.Branch, p.User, email, title, req.Harness)
-	sess, err := s.cfg.Sessions.Create(ctx, p, "Task: "+title, h, []string{repo.host})
+	t.Email = email
+	// A harness runs inside the wrapper, which clones and pushes from the
+	// sandbox (so the repository's host is its egress); an agent's
+	// workspace is seeded and collected here (agent.go), and its sandbox
+	// needs no way to the forge.
+	h, egress := wrapperHarness(repo.url, req.Base, t.Branch, p.User, email, title, req.Harness), []string{repo.host}
+	if req.Harness.Agent != "" {
+		t.Agent = req.Harness.Agent
+		h, egress = session.Harness{Agent: t.Agent}, nil
+	}
+	sess, err := s.cfg.Sessions.Create(ctx, p, "Task: "+title, h, egress)
 	if err != nil {
 		return Task{}, err
 	}

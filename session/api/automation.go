@@ -24,6 +24,8 @@ type ScheduleSpec struct {
 	Prompt string `json:"prompt"`
 	// Missed is "skip" (default) or "run_once".
 	Missed string `json:"missed,omitempty"`
+	// Retry tries a run again when its turn fails or times out (retry.go).
+	Retry *RetryPolicy `json:"retry,omitempty"`
 }
 
 // Schedule is a schedule as /v1/schedules shows it.
@@ -102,6 +104,9 @@ type TaskRequest struct {
 	// Agent is short for Harness {"agent":NAME}, as in POST /v1/sessions.
 	Agent       string `json:"agent,omitempty"`
 	CallbackURL string `json:"callback_url,omitempty"`
+	// Retry tries the task again when its turn fails or times out
+	// (retry.go).
+	Retry *RetryPolicy `json:"retry,omitempty"`
 }
 
 // StartedTask answers POST /v1/tasks.
@@ -123,13 +128,17 @@ type Task struct {
 	Branch  string     `json:"branch"`
 	// Agent names the ACP agent the task's session runs; empty for a
 	// harness run inside the task wrapper.
-	Agent       string    `json:"agent,omitempty"`
-	Status      string    `json:"status"`
-	Commit      string    `json:"commit,omitempty"`
-	PRURL       string    `json:"pr_url,omitempty"`
-	Error       string    `json:"error,omitempty"`
-	DeadLetter  string    `json:"dead_letter,omitempty"`
-	CallbackURL string    `json:"callback_url,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Agent       string `json:"agent,omitempty"`
+	Status      string `json:"status"`
+	Commit      string `json:"commit,omitempty"`
+	PRURL       string `json:"pr_url,omitempty"`
+	Error       string `json:"error,omitempty"`
+	DeadLetter  string `json:"dead_letter,omitempty"`
+	CallbackURL string `json:"callback_url,omitempty"`
+	// Retry is the task's retry policy, if it has one; Attempts counts
+	// the tries made so far.
+	Retry     *RetryPolicy `json:"retry,omitempty"`
+	Attempts  int          `json:"attempts,omitempty"`
+	CreatedAt time.Time    `json:"created_at"`
+	UpdatedAt time.Time    `json:"updated_at"`
 }
