@@ -89,6 +89,12 @@ cancelled and recorded, every acknowledged event is on disk, files are closed.`,
 			}
 			// The browser's sign-in suggests the user the CLI acts as.
 			cfg.DevUser = devUser(env.getenv)
+			// A dev server's workspace quota is opt-in: its loop mounts
+			// outlive a dev server killed with SIGKILL (then its data dir
+			// cannot be removed until they are unmounted).
+			if f.Sandbox.WorkspaceDiskBytes == 0 {
+				cfg.Sandbox.WorkspaceDiskBytes, cfg.Sandbox.WorkspaceDiskAuto = 0, false
+			}
 			level := slog.LevelInfo
 			if verbose {
 				level = slog.LevelDebug

@@ -119,6 +119,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 			SampleRatio: f.Tracing.SampleRatio, Insecure: f.Tracing.Insecure,
 		},
 	}
+	sandboxDefaults(&cfg.Sandbox, f.Sandbox.HostUID, f.Sandbox.WorkspaceDiskBytes)
 	if f.Storage.Type == server.StorageS3 {
 		s3 := f.Storage.S3
 		cfg.Storage.S3 = blob.S3Config{

@@ -38,6 +38,33 @@ func newHostIdentity(uid int, dir string) (*hostIdentity, error) {
 	return &hostIdentity{uid: uid, setpriv: setpriv}, nil
 }
 
+// CheckHostUID reports whether sandboxes under dir can run as host uid
+// (Config.HostUID): atrium runs as root, setpriv is installed, and uid can
+// search every directory above dir. The error says what is missing.
+func CheckHostUID(uid int, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := searchable(dir); err != nil {
+		return err
+	}
+	_, err := newHostIdentity(uid, dir)
+	return err
+}
+
+// searchable lets everyone search (not list) dir, the provider's own
+// directory, so the sandbox host uid reaches the workspaces below it.
+func searchable(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if m := fi.Mode().Perm(); m&0o011 != 0o011 {
+		return os.Chmod(dir, m|0o011)
+	}
+	return nil
+}
+
 // reachable checks that uid can search every directory above and at dir.
 func reachable(uid int, dir string) error {
 	abs, err := filepath.Abs(dir)

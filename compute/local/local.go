@@ -105,6 +105,10 @@ type Config struct {
 	// in the sandbox's directory, so a write past it fails with ENOSPC in
 	// the sandbox. Needs root, mkfs.ext4 and mount. Zero: no quota.
 	WorkspaceBytes int64
+	// WorkspaceBestEffort runs a new sandbox without its quota, with a
+	// warning, when its image cannot be mounted (no free loop device),
+	// instead of failing it. A sandbox whose image exists always mounts it.
+	WorkspaceBestEffort bool
 	// HostUID, if positive, is the unprivileged host uid (and gid) that
 	// sandboxes run as when atrium runs as root: bubblewrap is started as
 	// it (setpriv), so the sandbox's user is that uid on the host and files
@@ -214,6 +218,9 @@ func New(cfg Config) (*Provider, error) {
 			return nil, fmt.Errorf("local compute: %w", err)
 		}
 		if cfg.HostUID > 0 && p.layout != nil {
+			if err := searchable(dir); err != nil {
+				return nil, fmt.Errorf("local compute: %w", err)
+			}
 			if p.hostID, err = newHostIdentity(cfg.HostUID, p.stateDir); err != nil {
 				return nil, fmt.Errorf("local compute: %w", err)
 			}

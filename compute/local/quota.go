@@ -63,8 +63,16 @@ func mounted(dir string) (bool, error) {
 	return st.Dev != parent.Dev, nil
 }
 
+// errNoLoop means a fresh image could not be mounted (no free loop device,
+// say) and nothing was changed: with Config.WorkspaceBestEffort the sandbox
+// runs without a quota.
+var errNoLoop = errors.New("the workspace image could not be mounted")
+
 // attach mounts the sandbox's image on workspace, making the image on first
-// use and moving what the workspace held into it.
+// use and moving what the workspace held into it. A fresh image is mounted
+// beside the workspace first and moved onto it (mount --move), so if it
+// cannot be mounted at all the error matches errNoLoop and the workspace is
+// as it was, without an image.
 func (q *workspaceQuota) attach(dir, workspace string) error {
 	if q == nil {
 		return nil
@@ -73,50 +81,66 @@ func (q *workspaceQuota) attach(dir, workspace string) error {
 		return err
 	}
 	img := filepath.Join(dir, workspaceImage)
-	fresh := false
-	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {
-		if err := q.makeImage(img); err != nil {
-			return err
-		}
-		fresh = true
-	} else if err != nil {
+	if _, err := os.Stat(img); err == nil {
+		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, workspace)
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if fresh {
-		entries, err := os.ReadDir(workspace)
-		if err != nil {
-			return err
-		}
-		if len(entries) > 0 { // a workspace from before the quota: copy it in.
-			tmp := filepath.Join(dir, "workspace.new")
-			if err := os.MkdirAll(tmp, 0o700); err != nil {
-				return err
-			}
-			if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, tmp); err != nil {
-				return err
-			}
-			cp := exec.Command("cp", "-a", workspace+"/.", tmp+"/")
-			out, cpErr := cp.CombinedOutput()
-			if err := q.run(q.umnt, tmp); err != nil {
-				return err
-			}
-			_ = os.Remove(tmp)
-			if cpErr != nil {
-				_ = os.Remove(img)
-				return fmt.Errorf("move the workspace into its quota (%d bytes): %s", q.bytes, strings.TrimSpace(string(out)))
-			}
-			for _, e := range entries {
-				if err := removeAll(filepath.Join(workspace, e.Name())); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, workspace); err != nil {
+	if err := q.makeImage(img); err != nil {
 		return err
 	}
-	if fresh {
-		_ = os.Remove(filepath.Join(workspace, "lost+found")) // not the session's file
+	tmp := filepath.Join(dir, "workspace.new")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, tmp); err != nil {
+		_ = os.Remove(img)
+		return fmt.Errorf("%w: %w", errNoLoop, err)
+	}
+	_ = os.Remove(filepath.Join(tmp, "lost+found")) // not the session's file
+	entries, err := os.ReadDir(workspace)
+	if err == nil && len(entries) > 0 { // a workspace from before the quota: copy it in.
+		cp := exec.Command("cp", "-a", workspace+"/.", tmp+"/")
+		if out, cpErr := cp.CombinedOutput(); cpErr != nil {
+			err = fmt.Errorf("move the workspace into its quota (%d bytes): %s", q.bytes, strings.TrimSpace(string(out)))
+		}
+	}
+	if err != nil {
+		_ = q.run(q.umnt, tmp)
+		_ = os.Remove(img)
+		return err
+	}
+	// From here the image holds the workspace: it is kept whatever fails,
+	// and the next attach mounts it.
+	for _, e := range entries {
+		if err := removeAll(filepath.Join(workspace, e.Name())); err != nil {
+			_ = q.run(q.umnt, tmp)
+			return err
+		}
+	}
+	if err := q.run(q.mount, "--move", tmp, workspace); err != nil {
+		// A parent mount with shared propagation refuses a move: mount
+		// the image again, on the workspace.
+		if err := q.run(q.umnt, tmp); err != nil {
+			return err
+		}
+		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, workspace)
+	}
+	return nil
+}
+
+// CheckWorkspaceQuota reports whether this host can give sandboxes a
+// workspace quota (Config.WorkspaceBytes): atrium runs as root, mkfs.ext4,
+// mount and umount are installed, and a loop device is free. The error says
+// what is missing.
+func CheckWorkspaceQuota() error {
+	if _, err := newWorkspaceQuota(16<<20, 0); err != nil {
+		return err
+	}
+	out, err := exec.Command("losetup", "-f").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("a workspace quota needs a free loop device (losetup -f: %s)", strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -171,6 +195,9 @@ const fullBelow = 64 << 10
 func (q *workspaceQuota) withFull(workspace string, e compute.Exit) compute.Exit {
 	if q == nil {
 		return e
+	}
+	if ok, err := mounted(workspace); err != nil || !ok {
+		return e // Running without its quota (Config.WorkspaceBestEffort).
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(workspace, &st); err != nil || int64(st.Bavail)*int64(st.Bsize) >= fullBelow {

@@ -87,3 +87,49 @@ func TestSandbox_WorkspaceQuota(t *testing.T) {
 		t.Errorf("after Destroy the sandbox directory remains: %v", err)
 	}
 }
+
+// TestSandbox_WorkspaceQuotaBestEffort: when a new sandbox's image cannot be
+// mounted (here mount itself fails, as it does with no free loop device),
+// WorkspaceBestEffort runs the sandbox without the quota, its workspace
+// as it was and no image left; without it, the sandbox fails, naming the
+// quota. A sandbox whose image exists never falls back.
+func TestSandbox_WorkspaceQuotaBestEffort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	for _, best := range []bool{true, false} {
+		dir := t.TempDir()
+		id := session.NewID()
+		ws := filepath.Join(dir, string(id), "workspace")
+		if err := os.MkdirAll(ws, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ws, "kept"), []byte("mine\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := newTestProvider(t, Config{Dir: dir, WorkspaceBytes: 32 << 20, WorkspaceBestEffort: best})
+		p.quota.mount = "/bin/false" // no loop device for anyone
+		sb, err := p.Open(context.Background(), compute.Spec{Session: id})
+		if !best {
+			if err == nil || !strings.Contains(err.Error(), "mount the workspace quota") {
+				t.Errorf("without best effort, open: %v, want a failure naming the quota", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("best-effort open: %v", err)
+		}
+		if got := computetest.ShOK(t, sb, "cat kept"); got != "mine\n" {
+			t.Errorf("the workspace without its quota holds %q", got)
+		}
+		if _, err := os.Stat(filepath.Join(dir, string(id), workspaceImage)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a failed mount left the image: %v", err)
+		}
+		if r := computetest.Sh(t, sb, "head -c 1048576 /dev/zero > f; echo ok"); r.Exit.DiskFull {
+			t.Errorf("a workspace without its quota was reported full: %+v", r.Exit)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

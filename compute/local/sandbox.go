@@ -136,7 +136,11 @@ func (m *machine) provisionLocked() error {
 		return fmt.Errorf("create workspace: %w", err)
 	}
 	if err := m.p.quota.attach(m.dir, m.workspace); err != nil {
-		return fmt.Errorf("mount the workspace quota: %w", err)
+		if !errors.Is(err, errNoLoop) || !m.p.cfg.WorkspaceBestEffort {
+			return fmt.Errorf("mount the workspace quota: %w", err)
+		}
+		m.p.log.Warn("this sandbox runs WITHOUT its workspace quota: its image could not be mounted; "+
+			"free loop devices (losetup -a) or raise the loop module's max_loop", "session", m.id, "err", err)
 	}
 	if err := m.p.hostID.own(m.dir, m.workspace); err != nil {
 		return fmt.Errorf("give the workspace to the sandbox host uid: %w", err)

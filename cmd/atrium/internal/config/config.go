@@ -302,14 +302,17 @@ type Sandbox struct {
 	CPUs float64 `yaml:"cpus"`
 	// HostUID is the unprivileged host uid (and gid) local sandboxes run as
 	// when atrium runs as root, so that files made in a sandbox are not
-	// root's on the host (docs/compute.md). 0: atrium's own uid.
+	// root's on the host (docs/compute.md). 0: DefaultHostUID where the
+	// host supports it (else off, said at start-up); -1: off.
 	HostUID int `yaml:"host_uid"`
 	// TmpBytes is the size of each local sandbox's /tmp (0: 1 GiB); writes
 	// past it fail with ENOSPC.
 	TmpBytes int64 `yaml:"tmp_bytes"`
 	// WorkspaceDiskBytes, if set, makes each local sandbox's workspace a
 	// file system of that size (a loop-mounted ext4 image; needs root):
-	// writes past it fail with ENOSPC. 0: no quota during turns.
+	// writes past it fail with ENOSPC. 0: DefaultWorkspaceDiskBytes with
+	// `atrium serve` where the host supports it (else off, said at
+	// start-up), none with `atrium dev`; -1: none.
 	WorkspaceDiskBytes int64 `yaml:"workspace_disk_bytes"`
 	// Egress lists the hostnames sandboxes may reach through the node's
 	// egress proxy ("github.com", "*.example.com", "host:port"); empty: no
@@ -352,6 +355,13 @@ type VMHost struct {
 	URL       string `yaml:"url"`
 	TokenFile string `yaml:"token_file"`
 }
+
+// Defaults of local sandboxes' host uid and workspace quota
+// (sandbox.host_uid, sandbox.workspace_disk_bytes; see Sandbox).
+const (
+	DefaultHostUID            = 231072
+	DefaultWorkspaceDiskBytes = 10 << 30
+)
 
 // Object-store garbage collection defaults (storage.gc_interval,
 // storage.workspace_history, storage.gc_grace).
@@ -570,8 +580,8 @@ func (f *File) Validate(dev bool) error {
 	if f.Sandbox.CPUs < 0 {
 		bad("sandbox.cpus", "must be positive (0.5 is half a core; 0 means no limit)")
 	}
-	if f.Sandbox.WorkspaceDiskBytes != 0 && f.Sandbox.WorkspaceDiskBytes < 16<<20 {
-		bad("sandbox.workspace_disk_bytes", "must be at least 16 MiB (16777216), or 0 for no quota")
+	if f.Sandbox.WorkspaceDiskBytes != 0 && f.Sandbox.WorkspaceDiskBytes != -1 && f.Sandbox.WorkspaceDiskBytes < 16<<20 {
+		bad("sandbox.workspace_disk_bytes", "must be at least 16 MiB (16777216), 0 for the default or -1 for no quota")
 	}
 	if f.Storage.TenantQuotaBytes < 0 {
 		bad("storage.tenant_quota_bytes", "must be positive (0: no limit)")
@@ -588,8 +598,8 @@ func (f *File) Validate(dev bool) error {
 	if f.Sandbox.TmpBytes < 0 {
 		bad("sandbox.tmp_bytes", "must be positive (0: the default, 1 GiB)")
 	}
-	if f.Sandbox.HostUID < 0 || f.Sandbox.HostUID > 1<<31-2 {
-		bad("sandbox.host_uid", "must be an unprivileged uid such as 231072 (0: off)")
+	if f.Sandbox.HostUID < -1 || f.Sandbox.HostUID > 1<<31-2 {
+		bad("sandbox.host_uid", "must be an unprivileged uid such as 231072 (0: the default where the host supports it, -1: off)")
 	}
 	if _, err := egress.ParseAllowlist(f.Sandbox.Egress); err != nil {
 		bad("sandbox.egress", "%v", err)

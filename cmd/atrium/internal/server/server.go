@@ -131,12 +131,18 @@ type Sandbox struct {
 	CPUs float64
 	// HostUID is the unprivileged host uid local sandboxes run as when the
 	// node runs as root (local.Config.HostUID); zero: atrium's own uid.
-	HostUID int
+	// With HostUIDAuto, a host that cannot use it runs without, saying so
+	// at start-up (sandboxdefaults.go).
+	HostUID     int
+	HostUIDAuto bool
 	// TmpBytes is the size of each local sandbox's /tmp (local.Config.TmpBytes).
 	TmpBytes int64
 	// WorkspaceDiskBytes is each local sandbox's workspace quota
-	// (local.Config.WorkspaceBytes); zero: none.
+	// (local.Config.WorkspaceBytes); zero: none. With WorkspaceDiskAuto,
+	// a host that cannot mount one runs without, saying so at start-up,
+	// and so does a sandbox for which no loop device is free.
 	WorkspaceDiskBytes int64
+	WorkspaceDiskAuto  bool
 	// EgressPermit lists the egress entries a session's owner may add to
 	// its own sandbox (actor.Config.EgressPermit); empty: none.
 	EgressPermit []string
@@ -891,6 +897,7 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 	log := cfg.Logger.With("component", "sandbox")
 	switch cfg.Sandbox.Provider {
 	case ProviderLocal:
+		resolveSandboxDefaults(&cfg.Sandbox, filepath.Join(cfg.DataDir, "sandboxes"), cfg.UnsafeNoSandbox, log)
 		p, err := local.New(local.Config{
 			Dir:            filepath.Join(cfg.DataDir, "sandboxes"),
 			Unsafe:         cfg.UnsafeNoSandbox,
@@ -900,7 +907,9 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 			HostUID:        cfg.Sandbox.HostUID,
 			TmpBytes:       cfg.Sandbox.TmpBytes,
 			WorkspaceBytes: cfg.Sandbox.WorkspaceDiskBytes,
-			Logger:         log,
+			// Defaults never fail a sandbox for want of a loop device.
+			WorkspaceBestEffort: cfg.Sandbox.WorkspaceDiskAuto,
+			Logger:              log,
 		})
 		if err != nil {
 			return computeWiring{}, fmt.Errorf("local sandboxes: %w", err)

@@ -32,6 +32,11 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// newTestLogger logs to logs and to the test log.
+func newTestLogger(logs *lockedBuffer, tw *testWriter) *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.MultiWriter(logs, tw), &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
 // waitLog polls logs until it holds want.
 func waitLog(t *testing.T, logs *lockedBuffer, want string) {
 	t.Helper()
@@ -58,7 +63,7 @@ func TestServer_StoreDownAtStart(t *testing.T) {
 	t.Cleanup(tw.stop) // Runs after the stack's Close.
 	s := startStack(t, func(c *server.Config) {
 		c.Storage = server.Storage{Type: server.StorageS3, S3: s3.Config("atrium/")}
-		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, tw), &slog.HandlerOptions{Level: slog.LevelInfo}))
+		c.Logger = newTestLogger(logs, tw)
 	})
 	if !strings.Contains(logs.String(), "OBJECT STORE UNAVAILABLE") || !strings.Contains(logs.String(), "sandboxes cannot restore or save") {
 		t.Errorf("start-up did not say the object store is unavailable and what waits for it")
