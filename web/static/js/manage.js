@@ -16,7 +16,15 @@ import { safeURL } from './markdown.js';
 export const KNOWN_SETTINGS = {
   permission_mode: { label: 'Permission mode', choices: ['ask', 'auto-edit', 'auto'], hint: 'Agent sessions: from the agent\'s next start.' },
   turn_timeout: { label: 'Turn timeout', placeholder: 'e.g. 10m', hint: 'From the next turn; at most the node\'s.' },
+  memory_bytes: { label: 'Memory limit, bytes', type: 'number', placeholder: 'e.g. 2147483648', hint: 'At most the node\'s.' },
+  pids: { label: 'Process limit', type: 'number', placeholder: 'e.g. 512', hint: 'At most the node\'s.' },
+  setup: { label: 'Setup command', placeholder: 'e.g. npm ci', hint: 'Runs in /workspace before a turn in a new sandbox.' },
+  mcp_servers: { label: 'MCP servers', type: 'json', placeholder: '[{"name":…,"command":…}]', hint: 'JSON; env and header values are not shown.' },
 };
+// REDACT are the fields of a setting's objects whose values are not shown
+// (MCP servers' env and headers may hold tokens): a setting holding any is
+// shown redacted and read-only.
+const REDACT = new Set(['env', 'headers']);
 const MAX_TITLE = 256; // bytes, session.MaxTitleBytes
 const clip = (s, n = 300) => {
   const t = visible(s);
@@ -30,13 +38,36 @@ const when = (t) => {
 /** settingText is a setting's value as the form shows it. */
 function settingText(v) {
   if (v === undefined || v === null) return '';
-  if (typeof v === 'object') return JSON.stringify(v);
+  if (typeof v === 'object') return JSON.stringify(redact(v).value);
   return String(v);
 }
 
-/** settingValue turns what was typed back into the type of the value the server reported. */
-function settingValue(text, old) {
-  if (typeof old === 'number') {
+// redact returns v with the values under REDACT keys replaced, and whether
+// there were any.
+function redact(v) {
+  let hid = false;
+  const walk = (x) => {
+    if (Array.isArray(x)) return x.map(walk);
+    if (!x || typeof x !== 'object') return x;
+    const o = {};
+    for (const [k, val] of Object.entries(x)) {
+      if (REDACT.has(k) && val && typeof val === 'object') {
+        hid = hid || Object.keys(val).length > 0;
+        o[k] = Array.isArray(val) ? val.map((e) => (e && typeof e === 'object' && 'name' in e ? { name: e.name, value: '•••' } : '•••'))
+          : Object.fromEntries(Object.keys(val).map((n) => [n, '•••']));
+      } else {
+        o[k] = walk(val);
+      }
+    }
+    return o;
+  };
+  const value = walk(v);
+  return { value, hid };
+}
+
+/** settingValue turns what was typed back into the type of the value the server reported (or the key's known type). */
+function settingValue(text, old, type) {
+  if (typeof old === 'number' || (old === undefined && type === 'number')) {
     const n = Number(text);
     if (text.trim() === '' || !Number.isFinite(n)) throw new Error('a number');
     return n;
@@ -45,7 +76,7 @@ function settingValue(text, old) {
     if (text !== 'true' && text !== 'false') throw new Error('true or false');
     return text === 'true';
   }
-  if (old && typeof old === 'object') {
+  if ((old && typeof old === 'object') || (old === undefined && type === 'json')) {
     try {
       return JSON.parse(text);
     } catch {
@@ -166,6 +197,11 @@ export class Manage {
       } else {
         input = h('input', { id, name: k, autocomplete: 'off', spellcheck: false, placeholder: known.placeholder || '' });
         input.value = settingText(cur);
+        if (cur && typeof cur === 'object' && redact(cur).hid) {
+          input.readOnly = true; // editing it would send the placeholders back
+          input.title = 'Holds values that are not shown; change it with atrium settings';
+          input.dataset.redacted = '';
+        }
       }
       input.dataset.key = k;
       return h('div', { class: 'field' },
@@ -207,9 +243,9 @@ export class Manage {
     for (const input of this.settingsFields.querySelectorAll('[data-key]')) {
       const k = input.dataset.key;
       const text = input.value.trim();
-      if (text === '' || text === settingText(this.settings[k])) continue;
+      if (text === '' || 'redacted' in input.dataset || text === settingText(this.settings[k])) continue;
       try {
-        patch[k] = settingValue(text, this.settings[k]);
+        patch[k] = settingValue(text, this.settings[k], (KNOWN_SETTINGS[k] || {}).type);
       } catch (err) {
         this.settingsErr.textContent = `${k} must be ${err.message}.`;
         this.settingsErr.hidden = false;

@@ -123,6 +123,45 @@ func TestBrowser_Modules(t *testing.T) {
 			if (!shown.endsWith('line 100') || shown.includes('line 1\n')) return 'tail ' + shown.slice(0, 40);
 			if (!box.querySelector('button[data-more="7"]')) return 'no Show all';
 			return '';`,
+		"manage: the settings the server reports, redacted and as text, typed back": `
+			const { Manage } = await import('/js/manage.js');
+			const evil = '<img src=x onerror="window.__m=1">';
+			const session = { id: 's_1', title: evil, settings: { turn_timeout: '5m', pids: 64,
+				mcp_servers: [{ name: 'gh', command: 'mcp-gh', env: [{ name: 'GH_TOKEN', value: 'tok-secret' }] }], [evil]: evil } };
+			const m = new Manage({ id: 's_1', session: () => session, onSession: () => {}, login: () => {} });
+			document.body.appendChild(m.el);
+			m.fill();
+			const f = m.el.querySelector('#manage-settings-fields');
+			const field = (k) => [...f.querySelectorAll('[data-key]')].find((i) => i.dataset.key === k);
+			for (const k of ['permission_mode', 'turn_timeout', 'memory_bytes', 'pids', 'setup', 'mcp_servers', evil]) if (!field(k)) return 'no field ' + k;
+			if (field('turn_timeout').value !== '5m' || field('pids').value !== '64' || field(evil).value !== evil) return 'values not shown as they are';
+			if (m.el.outerHTML.includes('tok-secret')) return 'an MCP env value is in the page';
+			if (!field('mcp_servers').readOnly || !field('mcp_servers').value.includes('GH_TOKEN')) return 'mcp_servers not redacted read-only: ' + field('mcp_servers').value;
+			if (m.el.querySelector('img') || window.__m) return 'a key or value became markup';
+			// What Save sends: only the changed keys, in the server's types. The
+			// request goes to the real (UI-only) server, which has no API: its
+			// error is shown in words.
+			const sent = [];
+			const real = window.fetch;
+			window.fetch = (u, init) => { sent.push([String(u), init && init.method, init && init.body]); return real(u, init); };
+			try {
+				field('pids').value = '128';
+				field('memory_bytes').value = '1048576';
+				field('permission_mode').value = 'auto';
+				await m.saveSettings();
+			} finally {
+				window.fetch = real;
+			}
+			if (sent.length !== 1 || sent[0][0] !== '/v1/sessions/s_1' || sent[0][1] !== 'PATCH') return 'sent ' + JSON.stringify(sent);
+			const body = JSON.parse(sent[0][2]);
+			if (JSON.stringify(body) !== JSON.stringify({ settings: { permission_mode: 'auto', memory_bytes: 1048576, pids: 128 } })) return 'body ' + sent[0][2];
+			const err = m.el.querySelector('#manage-settings-error');
+			if (err.hidden || !err.textContent.includes('no route')) return 'error not shown: ' + err.textContent;
+			field('pids').value = 'many';
+			await m.saveSettings();
+			if (!err.textContent.includes('pids must be a number')) return 'bad number: ' + err.textContent;
+			m.el.remove();
+			return '';`,
 		"store: contiguous at both ends": `
 			const { Store } = await import('/js/model.js');
 			const s = new Store(5);
