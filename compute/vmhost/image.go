@@ -22,14 +22,15 @@ import (
 
 // ImageFormat is the version of the image layout and guest init; an image
 // of another format is refused.
-const ImageFormat = 3
+const ImageFormat = 4
 
 // KernelMeta is the Debian package whose dependency names the guest kernel.
 const KernelMeta = "linux-image-cloud-amd64"
 
 // guestPackages are the Debian packages the initramfs is made of, besides
-// the kernel: busybox and bubblewrap with its shared libraries.
-var guestPackages = []string{"busybox-static", "bubblewrap", "libc6", "libcap2", "libselinux1", "libpcre2-8-0"}
+// the kernel: busybox, bubblewrap and bash (the "shell" harness runs
+// `bash -lc`) with their shared libraries.
+var guestPackages = []string{"busybox-static", "bubblewrap", "bash", "libtinfo6", "libc6", "libcap2", "libselinux1", "libpcre2-8-0"}
 
 // guestModules are the kernel modules the init loads, in this order
 // (virtio_ring before virtio: the order of dependencies).
@@ -291,6 +292,11 @@ func writeInitramfs(w io.Writer, root, kver, atrium string) error {
 		return fmt.Errorf("vmhost image: bwrap: %w", err)
 	}
 	c.file("usr/bin/bwrap", bw, 0o755)
+	bash, err := os.ReadFile(filepath.Join(root, "bin/bash"))
+	if err != nil {
+		return fmt.Errorf("vmhost image: bash: %w", err)
+	}
+	c.file("bin/bash", bash, 0o755)
 	// Shared libraries of bubblewrap: every *.so* of the library
 	// packages, as files and symlinks.
 	for _, dir := range []string{"lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"} {
