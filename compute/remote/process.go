@@ -33,6 +33,8 @@ type Process struct {
 	// id is the agent's id of the command, for attaching a connection
 	// after a suspension.
 	id int64
+	// fence is the fence the command was started with.
+	fence int64
 
 	// ctx lives as long as the command is served (across connections);
 	// cancel ends it with a cause.
@@ -148,6 +150,7 @@ func startProcess(ctx context.Context, m *machine, a *agent, fence int64, req co
 		agent:    a,
 		conn:     conn,
 		id:       first.ID,
+		fence:    fence,
 		ctx:      pctx,
 		cancel:   cancel,
 		stopDial: stopDial,
@@ -202,6 +205,11 @@ func (pr *Process) Stderr() io.Reader { return pr.stderr }
 // agent has done so (for SIGKILL: when none is left). Signalling a command
 // that has ended does nothing.
 func (pr *Process) Signal(sig syscall.Signal) error {
+	if pr.suspendSeen.Load() {
+		// The command is suspended in a sleeping VM: wake it, or the
+		// signal would wait for a wake nobody asks for.
+		pr.m.wakeFor(pr)
+	}
 	pr.sigMu.Lock()
 	pr.sigNext++
 	id := pr.sigNext

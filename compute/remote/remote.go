@@ -506,6 +506,22 @@ func (m *machine) wakeLocked(ctx context.Context, a *agent, fence int64) error {
 	return nil
 }
 
+// wakeFor wakes the sleeping VM of pr, so that pr can be signalled. A VM
+// that cannot be woken is lost, and pr ends with it.
+func (m *machine) wakeFor(pr *Process) {
+	ctx := context.Background()
+	if err := m.acquire(ctx); err != nil {
+		return
+	}
+	defer m.release()
+	if a := m.current(); a == pr.agent && m.isVMAsleep() && m.p.admit(m.id, pr.fence) == nil {
+		if err := m.wakeLocked(ctx, a, pr.fence); err != nil {
+			m.p.log.Warn("sandbox VM could not be woken to signal a command", "session", string(m.id), "err", err)
+			m.lost(a)
+		}
+	}
+}
+
 // resumeProcs gives each suspended command of a a new connection; one that
 // cannot get one ends as lost.
 func (m *machine) resumeProcs(ctx context.Context, a *agent, fence int64) {

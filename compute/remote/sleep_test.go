@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,3 +183,37 @@ type unwrapHook struct {
 }
 
 func (h *unwrapHook) Unwrap() remote.Hook { return h.inner }
+
+// TestSandbox_SignalWakes: signalling a command of a sleeping VM wakes the
+// VM (as the actor does when it replaces an agent process after a sleep),
+// instead of waiting for a wake nobody asks for.
+func TestSandbox_SignalWakes(t *testing.T) {
+	hook := &sleepingHook{inProcessHook: newInProcessHook(t, true)}
+	p := newProvider(t, &unwrapHook{Hook: newRecorder(t, hook), inner: hook}, remote.Config{})
+	sb := computetest.Open(t, p, compute.Spec{})
+	ctx := context.Background()
+	pr, err := sb.Exec(ctx, compute.ExecRequest{Argv: counter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Sleep(ctx); err != nil {
+		t.Fatalf("sleep: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- pr.Signal(syscall.SIGKILL) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("signal: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("signalling a command of a sleeping VM did not return")
+	}
+	exit, err := pr.Wait()
+	if err != nil || exit.Lost || exit.Signal != syscall.SIGKILL {
+		t.Errorf("exit %+v, %v; want killed by SIGKILL", exit, err)
+	}
+	if s, w := hook.counts(); s != 1 || w != 1 {
+		t.Errorf("hook: %d sleeps, %d wakes; want 1, 1", s, w)
+	}
+}
