@@ -1,9 +1,15 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/atriumhq/atrium/cmd/atrium/internal/server"
 	"github.com/atriumhq/atrium/session"
@@ -67,5 +73,60 @@ func TestServer_TenantQuota(t *testing.T) {
 	}
 	if got := strings.Join(paths, ","); got != "small.txt" {
 		t.Errorf("the saved workspace holds %q, want small.txt", got)
+	}
+}
+
+// TestServer_StorageGC: the node's garbage collection, with a short
+// history and grace: after a turn removes a large file, its object leaves
+// the store at a later pass, and the workspace still restores.
+func TestServer_StorageGC(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	s := startStack(t, func(c *server.Config) {
+		c.DataDir = data
+		c.Storage = server.Storage{GCInterval: 500 * time.Millisecond, GCGrace: time.Millisecond, WorkspaceHistory: time.Millisecond}
+	})
+	alice := s.as("alice")
+	sess := alice.create("gc", nil)
+	objects := filepath.Join(data, "objects", "sessions", string(sess.ID), "workspace", "objects")
+	alice.prompt(sess.ID, "head -c 3000000 /dev/urandom > big.bin && echo keep > small.txt")
+	if fin := alice.waitTurn(sess.ID, 1); fin.Status != session.TurnOK {
+		t.Fatalf("turn 1: %+v", fin)
+	}
+	big, err := os.ReadDir(objects)
+	if err != nil || len(big) != 1 {
+		t.Fatalf("after turn 1 the store holds %d large objects (%v), want 1", len(big), err)
+	}
+	alice.prompt(sess.ID, "rm big.bin && echo removed")
+	if fin := alice.waitTurn(sess.ID, 2); fin.Status != session.TurnOK {
+		t.Fatalf("turn 2: %+v", fin)
+	}
+	deadline := time.Now().Add(waitLong)
+	for {
+		if _, err := os.Stat(filepath.Join(objects, big[0].Name())); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the removed file's object is still stored %v after the turn", waitLong)
+		}
+		time.Sleep(100 * time.Millisecond) // Polling interval, not synchronization.
+	}
+	// The workspace comes back from the store on another machine.
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := s.srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(data, "sandboxes")); err != nil {
+		t.Fatal(err)
+	}
+	s = startStack(t, func(c *server.Config) { c.DataDir = data })
+	alice = s.as("alice")
+	alice.prompt(sess.ID, "cat small.txt; ls")
+	if fin := alice.waitTurn(sess.ID, 3); fin.Status != session.TurnOK {
+		t.Fatalf("turn 3: %+v", fin)
+	}
+	if out := outputOf(alice.events(sess.ID, 0), 3, "stdout"); out != "keep\nsmall.txt\n" {
+		t.Errorf("the workspace after the collection: %q", out)
 	}
 }
