@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // Defaults of WatchOptions.
@@ -375,17 +375,11 @@ func (s *Stream) run(conn *websocket.Conn, hello session.HelloFrame, stop contex
 	}
 }
 
-// backoff returns the jittered delay before reconnection attempt n (from 1):
-// min·2^(n-1), capped at max, then uniformly between half and all of it.
+// backoff returns the delay before reconnection attempt n (from 1), by
+// Atrium's one backoff policy (session/retry): min·2^(n-1), capped at max,
+// jittered to between half and all of it.
 func backoff(n int, min, max time.Duration) time.Duration {
-	d := max
-	if n-1 < 32 {
-		if v := min << (n - 1); v > 0 && v < max {
-			d = v
-		}
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+	return retry.Policy{Min: min, Max: max}.Delay(n)
 }
 
 func (s *Stream) sleep(d time.Duration) bool {

@@ -3,11 +3,10 @@ package dlq
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -53,8 +52,9 @@ const (
 	DefaultAttempts    = 5
 )
 
-// Backoff retries fn while it returns a transient error: delay Base·2^n with full jitter, capped at
-// Max, at most Attempts tries in all. It returns the number of attempts made and the last error.
+// Backoff retries fn while it returns a transient error, with Atrium's one
+// backoff policy (session/retry): a wait of Base·2^n capped at Max,
+// jittered to between half and all of it, at most Attempts tries in all.
 // Zero fields take the Default values.
 type Backoff struct {
 	Base, Max time.Duration
@@ -64,38 +64,17 @@ type Backoff struct {
 // Do calls fn until it succeeds, returns an error that is not transient, or
 // has been called Attempts times; it waits between calls, and gives up
 // early if ctx ends (the error then wraps both ctx's error and fn's last).
+// It returns the number of attempts made and the last error.
 func (b Backoff) Do(ctx context.Context, fn func(ctx context.Context) error) (attempts int, err error) {
-	if b.Base <= 0 {
-		b.Base = DefaultBackoffBase
+	p := retry.Policy{Min: b.Base, Max: b.Max, Attempts: b.Attempts}
+	if p.Min <= 0 {
+		p.Min = DefaultBackoffBase
 	}
-	if b.Max <= 0 {
-		b.Max = DefaultBackoffMax
+	if p.Max <= 0 {
+		p.Max = DefaultBackoffMax
 	}
-	if b.Attempts <= 0 {
-		b.Attempts = DefaultAttempts
+	if p.Attempts <= 0 {
+		p.Attempts = DefaultAttempts
 	}
-	for {
-		attempts++
-		err = fn(ctx)
-		if err == nil || !IsTransient(err) || attempts >= b.Attempts {
-			return attempts, err
-		}
-		t := time.NewTimer(b.delay(attempts - 1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return attempts, fmt.Errorf("stop retrying: %w (last error: %w)", context.Cause(ctx), err)
-		case <-t.C:
-		}
-	}
-}
-
-// delay returns the wait after the n-th failure (from 0): a random
-// duration in [0, min(Max, Base·2^n)].
-func (b Backoff) delay(n int) time.Duration {
-	d := b.Max
-	if n < 62 && b.Base <= b.Max>>n {
-		d = b.Base << n
-	}
-	return rand.N(d + 1)
+	return p.Do(ctx, IsTransient, fn, nil)
 }
