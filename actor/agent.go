@@ -119,7 +119,8 @@ type agentProc struct {
 	// Set by the runner that opened it; read by later runners (the box
 	// lends it to one at a time).
 	acpSession string
-	stale      bool // must not serve another prompt: killed at the next turn
+	stale      bool   // must not serve another prompt: killed at the next turn
+	mcp        string // the MCP servers it opened its session with (mcpKey)
 
 	mu   sync.Mutex
 	tail []byte // guarded by mu: the last stderrTail bytes of stderr
@@ -259,8 +260,9 @@ type agentTurn struct {
 	user       string
 	prompt     string
 	promptSeq  session.Seq
-	acpSession string  // the session's ACP session from its metadata
-	hist       History // read for re-hydration; the actor keeps it open while the turn runs
+	acpSession string              // the session's ACP session from its metadata
+	mcp        []session.MCPServer // the session's MCP servers (settings.mcp_servers)
+	hist       History             // read for re-hydration; the actor keeps it open while the turn runs
 	timeout    time.Duration
 	publish    func(session.DeltaFrame)
 
@@ -328,7 +330,7 @@ func (s *sessionActor) agentTurn(t *session.Turn) *agentTurn {
 	log := s.log
 	return &agentTurn{
 		name: s.meta.Harness.Agent, mode: s.meta.Harness.PermissionMode, tenant: s.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
-		promptSeq: t.Prompt.Seq, acpSession: s.metaNext.AgentSession, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
+		promptSeq: t.Prompt.Seq, acpSession: s.metaNext.AgentSession, mcp: s.meta.MCPServers, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
 		options: map[string][]session.ApprovalOption{},
 		publish: func(d session.DeltaFrame) {
 			// Encoded once, published without waiting: a delta is live
@@ -544,4 +546,36 @@ func (s *sessionActor) replayNotes() {
 	for _, n := range notes {
 		s.onSessionNote(n)
 	}
+}
+
+// mcpKey identifies a list of MCP servers, so that an agent opened with
+// other servers than the session's is restarted.
+func mcpKey(servers []session.MCPServer) string {
+	if len(servers) == 0 {
+		return ""
+	}
+	return string(mustMarshal(servers))
+}
+
+// acpServers returns the session's MCP servers the agent can connect to,
+// and the names of those whose transport it does not support.
+func acpServers(servers []session.MCPServer, caps acp.Capabilities) (out []acp.MCPServer, unsupported []string) {
+	nv := func(l []session.NameValue) []acp.EnvVar {
+		if l == nil {
+			return nil
+		}
+		out := make([]acp.EnvVar, len(l))
+		for i, e := range l {
+			out[i] = acp.EnvVar{Name: e.Name, Value: e.Value}
+		}
+		return out
+	}
+	for _, m := range servers {
+		if !caps.Supports(m.Type) {
+			unsupported = append(unsupported, m.Name+" ("+m.ServerType()+")")
+			continue
+		}
+		out = append(out, acp.MCPServer{Name: m.Name, Type: m.Type, Command: m.Command, Args: m.Args, Env: nv(m.Env), URL: m.URL, Headers: nv(m.Headers)})
+	}
+	return out, unsupported
 }

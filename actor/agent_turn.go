@@ -36,7 +36,9 @@ func (r *runner) execAgent() *turnExited {
 	// A sandbox that is new, asleep or about to be replaced has no live
 	// agent; one that was cancelled or failed is stopped now.
 	fresh := b.sb == nil || b.asleep || h.expired(b)
-	if p := b.agent; p != nil && (fresh || p.stale || p.dead()) {
+	if p := b.agent; p != nil && (fresh || p.stale || p.dead() || p.mcp != mcpKey(a.mcp)) {
+		// A changed settings.mcp_servers restarts it too: they are given
+		// at session/new or session/load only.
 		p.kill()
 		b.agent = nil
 	}
@@ -83,6 +85,10 @@ func (r *runner) execAgent() *turnExited {
 		r.revoke(token)
 		return r.stoppedBeforeStart(req)
 	default:
+	}
+	if res := r.runSetup(); res != nil { // setup.go
+		r.revoke(token)
+		return res
 	}
 	b.dirty = true
 	rehydrate := false
@@ -183,8 +189,14 @@ func (r *runner) openAgent(p *agentProc, launch AgentLaunch) (stop *stopRequest,
 			}
 			return nil
 		}
+		mcp, unsupported := acpServers(a.mcp, info.Capabilities)
+		if len(unsupported) > 0 {
+			r.note("", "", &session.ErrorData{Code: session.CodeBadRequest, Message: fmt.Sprintf(
+				"MCP servers %s were not given to the agent: it does not support their transport", strings.Join(unsupported, ", "))})
+		}
+		p.mcp = mcpKey(a.mcp)
 		if a.acpSession != "" && info.Capabilities.LoadSession && launch.LoadSession {
-			err := p.client.LoadSession(ctx, a.acpSession, agentCwd, nil)
+			err := p.client.LoadSession(ctx, a.acpSession, agentCwd, mcp)
 			if err == nil {
 				p.acpSession = a.acpSession
 				return setMode()
@@ -194,7 +206,7 @@ func (r *runner) openAgent(p *agentProc, launch AgentLaunch) (stop *stopRequest,
 			}
 			r.log.Info("agent session not loaded; re-hydrating a new one", "turn", r.turn, "err", err)
 		}
-		id, err := p.client.NewSession(ctx, agentCwd, nil)
+		id, err := p.client.NewSession(ctx, agentCwd, mcp)
 		if err != nil {
 			return fmt.Errorf("the agent could not open a session: %w", err)
 		}

@@ -30,20 +30,24 @@ const EnvPreviousTurn = session.EnvPreviousTurn
 type box struct {
 	id session.ID
 
-	sb       compute.Sandbox // nil: none open on this node (never opened, died, or replaced)
-	ws       mount.Workspace // sb's workspace; nil without a store
-	vol      *mount.Volume   // sb's saved copy: one Volume per sandbox, replaced with sb
-	fence    int64           // the fence sb was opened with
-	restored bool            // the workspace holds the saved copy (or none existed): Save may write
-	asleep   bool            // put to sleep by the node; the next turn wakes and restores it
-	dirty    bool            // a turn ran since the last successful save
-	born     time.Time       // when sb was provisioned, for MaxLifetime
-	machine  uint64          // Config.SandboxGeneration when sb was last made ready
-	egress   []string        // the session's effective egress allowlist, set by its actor before each turn
-	opened   []string        // the egress allowlist sb was opened with
-	mounts   []compute.Mount // the agent's mounts, set by its actor before an agent turn (agent.go)
-	mounted  []compute.Mount // the mounts sb was opened with
-	agent    *agentProc      // the agent process running in sb, nil if none (agent.go)
+	sb        compute.Sandbox // nil: none open on this node (never opened, died, or replaced)
+	ws        mount.Workspace // sb's workspace; nil without a store
+	vol       *mount.Volume   // sb's saved copy: one Volume per sandbox, replaced with sb
+	fence     int64           // the fence sb was opened with
+	restored  bool            // the workspace holds the saved copy (or none existed): Save may write
+	asleep    bool            // put to sleep by the node; the next turn wakes and restores it
+	dirty     bool            // a turn ran since the last successful save
+	born      time.Time       // when sb was provisioned, for MaxLifetime
+	machine   uint64          // Config.SandboxGeneration when sb was last made ready
+	egress    []string        // the session's effective egress allowlist, set by its actor before each turn
+	opened    []string        // the egress allowlist sb was opened with
+	mounts    []compute.Mount // the agent's mounts, set by its actor before an agent turn (agent.go)
+	mounted   []compute.Mount // the mounts sb was opened with
+	limits    sandboxLimits   // the session's own memory and pids, set by its actor before each turn (settings.go)
+	limited   sandboxLimits   // the limits sb was opened with
+	setup     *setupStep      // the session's setup command, set by its actor before each turn (setup.go)
+	setupDone setupMark       // what the last successful setup ran for (setup.go)
+	agent     *agentProc      // the agent process running in sb, nil if none (agent.go)
 
 	// ---
 	awake bool        // guarded by sandboxes.mu: sb is open and not asleep
@@ -238,7 +242,7 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		b.sb, b.fence, b.born = sb, fence, h.now()
 		b.restored, b.asleep = false, false
 		changed = true
-	case b.fence < fence || !slices.Equal(b.opened, b.egress) || !slices.Equal(b.mounted, b.mounts):
+	case b.fence < fence || !slices.Equal(b.opened, b.egress) || !slices.Equal(b.mounted, b.mounts) || b.limited != b.limits:
 		// A new activation: the handle must carry its fence. Or the
 		// session's egress allowlist changed: opening again applies it.
 		sb, err := h.openSandbox(ctx, b, fence)
@@ -306,9 +310,10 @@ func (h *Host) openSandbox(ctx context.Context, b *box, fence int64) (_ compute.
 		spec.Egress = slices.Clone(h.cfg.SandboxSpec.Egress)
 	}
 	spec.Mounts = append(slices.Clone(spec.Mounts), b.mounts...)
+	b.limits.apply(&spec) // settings.go
 	sb, err := h.cfg.Provider.Open(ctx, spec)
 	if err == nil {
-		b.opened, b.mounted = spec.Egress, slices.Clone(b.mounts)
+		b.opened, b.mounted, b.limited = spec.Egress, slices.Clone(b.mounts), b.limits
 	}
 	return sb, err
 }

@@ -1010,6 +1010,6 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
 		Sandbox: session.SandboxInfo{State: s.sandboxState}, LastActivity: s.lastActivity,
-		Egress: slices.Clone(s.meta.Egress), Usage: cloneUsage(s.meta.Usage),
+		Egress: slices.Clone(s.meta.Egress), Usage: cloneUsage(s.meta.Usage), Settings: session.SettingsOf(&s.meta),
 	}.WithRole(s.roleOf(p), maps.Clone(s.meta.Members))
 }

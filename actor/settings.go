@@ -1,11 +1,18 @@
 package actor
 
 import (
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/compute/egress"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -16,8 +23,9 @@ import (
 // mode). A rename is not an event: the title is metadata, like egress.
 func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *session.Command) {
 	p := c.Settings
-	if p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil {
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, `settings: give "title" or "settings":{"permission_mode","turn_timeout"}`)))
+	if p.IsEmpty() {
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest,
+			`settings: give "title" or "settings":{"permission_mode","turn_timeout","memory_bytes","pids","mcp_servers","setup"}`)))
 		return
 	}
 	next := s.metaNext
@@ -61,6 +69,10 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		}
 		next.TurnTimeout = *d
 	}
+	if err := s.h.limitSettings(&next, p); err != nil {
+		respond(msg, errorReply(err))
+		return
+	}
 	s.metaNext = next
 	s.metaDirty = true
 	s.metaAfter = append(s.metaAfter, func(err error) {
@@ -81,4 +93,115 @@ func (s *sessionActor) turnTimeout() time.Duration {
 		return d
 	}
 	return s.h.cfg.TurnTimeout
+}
+
+// limitSettings applies p's sandbox limits, MCP servers and setup command
+// to next, each within what the operator allows: memory and pids at most
+// the node's sandbox limits (forbidden beyond them, or when the node sets
+// none, naming the setting), MCP servers valid (session.ValidateMCPServers)
+// and those over http or sse reaching a host of the session's egress
+// allowlist (forbidden otherwise: the sandbox could not reach them).
+func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error {
+	limit := func(what, key string, v, max int64) error {
+		switch {
+		case v < 0:
+			return session.Errorf(session.CodeBadRequest, "settings: %s must not be negative", what)
+		case v > 0 && max == 0:
+			return session.Errorf(session.CodeForbidden, "settings: %s: this server sets no limit a session may choose within (%s); ask the operator", what, key)
+		case v > max:
+			return session.Errorf(session.CodeForbidden, "settings: %s %d is beyond this server's limit of %d (%s)", what, v, max, key)
+		}
+		return nil
+	}
+	if v := p.MemoryBytes; v != nil {
+		if err := limit("memory_bytes", "sandbox.memory_bytes", *v, h.cfg.SandboxSpec.MemoryBytes); err != nil {
+			return err
+		}
+		next.MemoryBytes = *v
+	}
+	if v := p.Pids; v != nil {
+		if err := limit("pids", "sandbox.pids", int64(*v), int64(h.cfg.SandboxSpec.Pids)); err != nil {
+			return err
+		}
+		next.Pids = *v
+	}
+	if v := p.MCPServers; v != nil {
+		if len(*v) > 0 && next.Harness.Agent == "" {
+			return session.Errorf(session.CodeBadRequest, "settings: mcp_servers are for agent sessions; this session runs no agent")
+		}
+		if err := session.ValidateMCPServers(*v); err != nil {
+			return err
+		}
+		if err := h.reachable(next.Egress, *v); err != nil {
+			return err
+		}
+		next.MCPServers = slices.Clone(*v)
+	}
+	if v := p.Setup; v != nil {
+		if err := session.ValidateSetup(*v); err != nil {
+			return err
+		}
+		next.Setup = *v
+	}
+	return nil
+}
+
+// reachable checks that the session's sandbox may reach the host of each
+// http or sse MCP server: the node gives sandboxes the network, or the
+// session's effective egress allowlist allows it.
+func (h *Host) reachable(own []string, servers []session.MCPServer) error {
+	if h.egress == nil || h.egress.network {
+		return nil
+	}
+	var allow *egress.Allowlist
+	for _, m := range servers {
+		if m.ServerType() == session.MCPStdio {
+			continue
+		}
+		if allow == nil {
+			var err error
+			if allow, err = egress.ParseAllowlist(h.egress.effective(own)); err != nil {
+				return fmt.Errorf("settings: egress allowlist: %w", err)
+			}
+		}
+		u, _ := url.Parse(m.URL) // validated
+		port := 80
+		if u.Scheme == "https" {
+			port = 443
+		}
+		if ps := u.Port(); ps != "" {
+			port, _ = strconv.Atoi(ps)
+		}
+		host := u.Hostname()
+		if !allow.Allows(host, port) {
+			return session.Errorf(session.CodeForbidden,
+				"settings: mcp_servers: %s's host %s is not in the session's egress allowlist (sandbox.egress, or the session's own egress allowlist); the sandbox could not reach it",
+				m.Name, net.JoinHostPort(host, strconv.Itoa(port)))
+		}
+	}
+	return nil
+}
+
+// sandboxLimits are a session's own sandbox limits (settings.memory_bytes,
+// settings.pids); zero fields are the node's.
+type sandboxLimits struct {
+	memory int64
+	pids   int
+}
+
+// sandboxLimits returns the session's own sandbox limits, which its actor
+// sets on the box before each turn; they apply when the sandbox is next
+// opened.
+func (s *sessionActor) sandboxLimits() sandboxLimits {
+	return sandboxLimits{memory: s.meta.MemoryBytes, pids: s.meta.Pids}
+}
+
+// apply sets l's limits on spec (the node's where l has none).
+func (l sandboxLimits) apply(spec *compute.Spec) {
+	if l.memory > 0 {
+		spec.MemoryBytes = l.memory
+	}
+	if l.pids > 0 {
+		spec.Pids = l.pids
+	}
 }

@@ -212,6 +212,9 @@ func (r *runner) execHarness() *turnExited {
 			return r.stoppedBeforeStart(req)
 		default:
 		}
+		if res := r.runSetup(); res != nil { // setup.go
+			return res
+		}
 		b.dirty = true
 		var err error
 		var ectx context.Context
@@ -628,6 +631,8 @@ func (s *sessionActor) maybeStartTurn() {
 		}
 		s.h.boxes.disarm(s.box) // A running turn is activity.
 		s.box.egress = s.h.egress.effective(s.meta.Egress)
+		s.box.limits = s.sandboxLimits() // settings.go
+		s.box.setup = s.setupStep()      // setup.go
 		input := append(mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By}), '\n')
 		text := s.meta.Harness.Stdin == session.HarnessStdinText
 		if text {

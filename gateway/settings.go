@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -13,7 +14,7 @@ import (
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"permission_mode", "turn_timeout"}
+var sessionSettingKeys = []string{"permission_mode", "turn_timeout", "memory_bytes", "pids", "mcp_servers", "setup"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
@@ -22,7 +23,13 @@ var sessionSettingKeys = []string{"permission_mode", "turn_timeout"}
 // session's agent is started: a running agent keeps its mode.
 // settings.turn_timeout (a duration such as "10m") bounds the session's turns
 // from its next turn; beyond the node's turn timeout it is forbidden (403)
-// naming the limit. Unknown settings are refused by name.
+// naming the limit. settings.memory_bytes and settings.pids (0: the node's)
+// limit the session's sandbox when it is next opened, at most the node's
+// sandbox limits (403 naming the limit); settings.mcp_servers (ACP's stdio,
+// http and sse shapes) are passed to the agent, restarted with them at its
+// next turn; settings.setup is a command run before a turn when the sandbox
+// is new or files were written. The Session object shows them back under
+// "settings". Unknown settings are refused by name.
 func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
 	var body api.SessionPatch
@@ -91,8 +98,48 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 		n := int64(d)
 		patch.TurnTimeout = &n
 	}
-	if patch.Title == nil && patch.PermissionMode == nil && patch.TurnTimeout == nil {
-		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{"permission_mode","turn_timeout"}`)
+	if raw, ok := settings["memory_bytes"]; ok {
+		var n int64
+		if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: memory_bytes must be a number of bytes (0: the server's)")
+		}
+		patch.MemoryBytes = &n
+	}
+	if raw, ok := settings["pids"]; ok {
+		var n int
+		if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: pids must be a number of processes (0: the server's)")
+		}
+		patch.Pids = &n
+	}
+	if raw, ok := settings["mcp_servers"]; ok {
+		var l []session.MCPServer
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&l); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest,
+				`settings: mcp_servers must be a list of {"name","command","args","env":[{"name","value"}]} or {"name","type":"http"|"sse","url","headers":[{"name","value"}]}: %v`, err)
+		}
+		if l == nil {
+			l = []session.MCPServer{}
+		}
+		if err := session.ValidateMCPServers(l); err != nil {
+			return nil, err
+		}
+		patch.MCPServers = &l
+	}
+	if raw, ok := settings["setup"]; ok {
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: setup must be a shell command string ("" removes it)`)
+		}
+		if err := session.ValidateSetup(v); err != nil {
+			return nil, err
+		}
+		patch.Setup = &v
+	}
+	if patch.IsEmpty() {
+		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{%s}`, `"`+strings.Join(sessionSettingKeys, `","`)+`"`)
 	}
 	return patch, nil
 }

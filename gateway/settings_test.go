@@ -43,12 +43,18 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":  {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: permission_mode, turn_timeout)"},
-		"unknown field":     {`{"name":"x"}`, `unknown field "name"`},
-		"bad mode":          {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
-		"mode not a string": {`{"settings":{"permission_mode":1}}`, "must be a string"},
-		"long title":        {`{"title":"` + strings.Repeat("t", session.MaxTitleBytes+1) + `"}`, "title is longer than"},
-		"nothing":           {`{}`, `body needs "title"`},
+		"unknown settings":   {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: permission_mode, turn_timeout, memory_bytes, pids, mcp_servers, setup)"},
+		"mcp server shape":   {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
+		"mcp server type":    {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
+		"mcp without url":    {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},
+		"negative memory":    {`{"settings":{"memory_bytes":-5}}`, "memory_bytes must be a number of bytes"},
+		"pids not a number":  {`{"settings":{"pids":"many"}}`, "pids must be a number"},
+		"setup not a string": {`{"settings":{"setup":["pip","install"]}}`, "setup must be a shell command string"},
+		"unknown field":      {`{"name":"x"}`, `unknown field "name"`},
+		"bad mode":           {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
+		"mode not a string":  {`{"settings":{"permission_mode":1}}`, "must be a string"},
+		"long title":         {`{"title":"` + strings.Repeat("t", session.MaxTitleBytes+1) + `"}`, "title is longer than"},
+		"nothing":            {`{}`, `body needs "title"`},
 	} {
 		code, body := e.call("PATCH", path, "alice", c.body)
 		var eb session.ErrorBody
@@ -81,5 +87,23 @@ func TestPatchSession(t *testing.T) {
 	code, body = e.call("GET", "/v1/sessions", "alice", nil)
 	if code != 200 || !strings.Contains(string(body), `"title":"after"`) || strings.Contains(string(body), `"title":"before"`) {
 		t.Errorf("list after rename: %d %s", code, body)
+	}
+
+	// MCP servers and a setup command, shown back under "settings" with
+	// env values hidden; memory beyond the node's (none set) is 403.
+	code, body = e.call("PATCH", path, "alice", `{"settings":{"mcp_servers":[{"name":"files","command":"/bin/mcp","env":[{"name":"TOKEN","value":"s3cret"}]}],"setup":"true"}}`)
+	if code != http.StatusOK || json.Unmarshal(body, &got) != nil || got.Settings == nil || len(got.Settings.MCPServers) != 1 ||
+		got.Settings.Setup != "true" || got.Settings.PermissionMode != "ask" || got.Settings.TurnTimeout != "5m0s" {
+		t.Fatalf("patch mcp_servers: %d %s", code, body)
+	}
+	if code, body := e.call("GET", path, "bob", nil); code != 200 || strings.Contains(string(body), "s3cret") ||
+		!strings.Contains(string(body), `"settings":{"permission_mode":"ask","turn_timeout":"5m0s","mcp_servers":[{"name":"files","command":"/bin/mcp","env":[{"name":"TOKEN","value":"(hidden)"}]}],"setup":"true"}`) {
+		t.Errorf("get with settings: %d %s", code, body)
+	}
+	if code, body := e.call("PATCH", path, "alice", `{"settings":{"memory_bytes":1048576}}`); code != http.StatusForbidden || !strings.Contains(string(body), "sandbox.memory_bytes") {
+		t.Errorf("memory_bytes on a node without a limit: %d %s", code, body)
+	}
+	if code, body := e.call("GET", "/v1/sessions/"+string(plain.ID), "alice", nil); code != 200 || strings.Contains(string(body), `"settings"`) {
+		t.Errorf("a session without settings of its own shows them: %d %s", code, body)
 	}
 }

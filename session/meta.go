@@ -30,6 +30,16 @@ type Meta struct {
 	// TurnTimeout is the session's own turn timeout in nanoseconds (PATCH
 	// settings.turn_timeout), at most the node's; 0 is the node's.
 	TurnTimeout int64 `json:"turn_timeout_ns,omitempty"`
+	// MemoryBytes and Pids are the session's own sandbox limits (PATCH
+	// settings), at most the node's; 0 is the node's.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	Pids        int   `json:"pids,omitempty"`
+	// MCPServers are passed to the session's agent (PATCH
+	// settings.mcp_servers). Their env and header values may be secrets:
+	// never in events, the catalog or a reply to a read.
+	MCPServers []MCPServer `json:"mcp_servers,omitempty"`
+	// Setup is the session's setup command (PATCH settings.setup).
+	Setup string `json:"setup,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

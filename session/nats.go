@@ -135,6 +135,21 @@ type SettingsPatch struct {
 	// TurnTimeout (nanoseconds) bounds the session's turns from its next
 	// turn; at most the node's turn timeout (else forbidden).
 	TurnTimeout *int64 `json:"turn_timeout_ns,omitempty"`
+	// MemoryBytes and Pids (0: the node's) apply when the sandbox is next
+	// opened; at most the node's limits (else forbidden).
+	MemoryBytes *int64 `json:"memory_bytes,omitempty"`
+	Pids        *int   `json:"pids,omitempty"`
+	// MCPServers replace the session's MCP servers; the agent is
+	// restarted with them at its next turn.
+	MCPServers *[]MCPServer `json:"mcp_servers,omitempty"`
+	// Setup replaces the setup command ("" removes it).
+	Setup *string `json:"setup,omitempty"`
+}
+
+// IsEmpty reports whether p changes nothing.
+func (p *SettingsPatch) IsEmpty() bool {
+	return p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil && p.MemoryBytes == nil &&
+		p.Pids == nil && p.MCPServers == nil && p.Setup == nil
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in

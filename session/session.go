@@ -40,6 +40,9 @@ type Session struct {
 	// Usage totals the session's usage events (an extension); absent
 	// while there are none.
 	Usage *UsageTotals `json:"usage,omitempty"`
+	// Settings are the session's own settings (an extension); absent
+	// while it has none.
+	Settings *Settings `json:"settings,omitempty"`
 }
 
 // UsageTotals sums a session's usage events (UsageData).

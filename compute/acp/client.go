@@ -184,6 +184,25 @@ type AgentInfo struct {
 // Capabilities are the agent capabilities the client uses.
 type Capabilities struct {
 	LoadSession bool `json:"loadSession"`
+	// MCP says which MCP transports besides stdio the agent supports.
+	MCP struct {
+		HTTP bool `json:"http"`
+		SSE  bool `json:"sse"`
+	} `json:"mcpCapabilities"`
+}
+
+// Supports reports whether the agent can connect to an MCP server of
+// type typ ("" or "stdio": every agent).
+func (c Capabilities) Supports(typ string) bool {
+	switch typ {
+	case "", "stdio":
+		return true
+	case "http":
+		return c.MCP.HTTP
+	case "sse":
+		return c.MCP.SSE
+	}
+	return false
 }
 
 // AuthMethod is one way an agent can authenticate.
@@ -192,18 +211,52 @@ type AuthMethod struct {
 	Name string `json:"name"`
 }
 
-// MCPServer is an MCP server the agent should connect to (stdio form).
+// MCPServer is an MCP server the agent should connect to, in ACP's shapes:
+// stdio (Type "" or "stdio": {name, command, args, env}) or http / sse
+// ({type, name, url, headers}).
 type MCPServer struct {
-	Name    string   `json:"name"`
-	Command string   `json:"command"`
-	Args    []string `json:"args"`
-	Env     []EnvVar `json:"env"`
+	Name    string
+	Type    string
+	Command string
+	Args    []string
+	Env     []EnvVar
+	URL     string
+	Headers []EnvVar
 }
 
-// EnvVar is one environment variable of an MCPServer.
+// EnvVar is one environment variable or HTTP header of an MCPServer.
 type EnvVar struct {
 	Name  string `json:"name"`
 	Value string `json:"value"`
+}
+
+// MarshalJSON encodes m in the shape of its type, with every list present
+// (ACP requires args, env and headers).
+func (m MCPServer) MarshalJSON() ([]byte, error) {
+	list := func(l []EnvVar) []EnvVar {
+		if l == nil {
+			return []EnvVar{}
+		}
+		return l
+	}
+	if m.Type == "" || m.Type == "stdio" {
+		args := m.Args
+		if args == nil {
+			args = []string{}
+		}
+		return json.Marshal(struct {
+			Name    string   `json:"name"`
+			Command string   `json:"command"`
+			Args    []string `json:"args"`
+			Env     []EnvVar `json:"env"`
+		}{m.Name, m.Command, args, list(m.Env)})
+	}
+	return json.Marshal(struct {
+		Type    string   `json:"type"`
+		Name    string   `json:"name"`
+		URL     string   `json:"url"`
+		Headers []EnvVar `json:"headers"`
+	}{m.Type, m.Name, m.URL, list(m.Headers)})
 }
 
 // Initialize negotiates the protocol. The client advertises no file system

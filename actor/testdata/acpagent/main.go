@@ -15,6 +15,7 @@
 //	crash     writes to stderr and exits 3 in the middle of the turn
 //	recall    says the earlier prompts it knows and the transcript it got
 //	mode      says the session mode set with session/set_mode
+//	mcp       says the MCP servers of session/new or session/load: name(type)
 //	forget    forgets its sessions (an agent home that was lost)
 //	garbage   writes a line that is not JSON and a 10 MB message, then answers
 //	anything else is echoed
@@ -48,6 +49,7 @@ var (
 	state     = os.Getenv("FAKE_ACP_STATE")
 
 	mode      = "default"
+	mcp       string // the MCP servers of session/new or session/load: "name(type) …"
 	mu        sync.Mutex
 	waiting   = map[string]chan json.RawMessage{} // permission requests by id
 	cancelled = make(chan struct{}, 1)
@@ -117,16 +119,28 @@ func main() {
 			}
 		case m.Method == "initialize":
 			answer(m.ID, map[string]any{"protocolVersion": 1,
-				"agentCapabilities": map[string]any{"loadSession": os.Getenv("FAKE_ACP_LOAD") == "1"}})
-		case m.Method == "session/new":
-			sessionID = "fake-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-			os.WriteFile(filepath.Join(state, sessionID), nil, 0o644)
-			answer(m.ID, map[string]any{"sessionId": sessionID})
-		case m.Method == "session/load":
+				"agentCapabilities": map[string]any{"loadSession": os.Getenv("FAKE_ACP_LOAD") == "1", "mcpCapabilities": map[string]any{"http": true}}})
+		case m.Method == "session/new" || m.Method == "session/load":
 			var p struct {
-				SessionID string `json:"sessionId"`
+				SessionID  string                                      `json:"sessionId"`
+				MCPServers []struct{ Name, Type, Command, URL string } `json:"mcpServers"`
 			}
 			json.Unmarshal(m.Params, &p)
+			var names []string
+			for _, s := range p.MCPServers {
+				typ := s.Type
+				if typ == "" {
+					typ = "stdio:" + s.Command
+				}
+				names = append(names, s.Name+"("+typ+")")
+			}
+			mcp = strings.Join(names, " ")
+			if m.Method == "session/new" {
+				sessionID = "fake-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+				os.WriteFile(filepath.Join(state, sessionID), nil, 0o644)
+				answer(m.ID, map[string]any{"sessionId": sessionID})
+				continue
+			}
 			if _, err := os.Stat(filepath.Join(state, p.SessionID)); err != nil {
 				send(msg{ID: m.ID, Error: map[string]any{"code": -32002, "message": "session not found"}})
 				continue
@@ -196,6 +210,8 @@ func prompt(id json.RawMessage, text string) {
 		chunk("agent_message_chunk", "still here")
 	case cmd == "mode":
 		chunk("agent_message_chunk", "mode: "+mode)
+	case cmd == "mcp":
+		chunk("agent_message_chunk", "mcp: "+mcp)
 	case cmd == "plan":
 		update(map[string]any{"sessionUpdate": "plan", "entries": []any{map[string]any{"content": "step", "status": "pending", "priority": "high"}}})
 	case cmd == "ask":
