@@ -53,6 +53,7 @@ func newScheduleCreateCmd(env *cliEnv) *cobra.Command {
 		conn   connFlags
 		spec   client.ScheduleSpec
 		sid    string
+		retry  retryFlags
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -61,10 +62,17 @@ func newScheduleCreateCmd(env *cliEnv) *cobra.Command {
 		Long: `Create a schedule and print its id. EXPR is a five-field cron expression
 (minute hour day-of-month month day-of-week), read in --tz (default UTC), or a
 descriptor: @hourly, @daily, @weekly, @monthly, @every 2h. Ticks are at least a
-minute apart. --prompt - reads the prompt from stdin.`,
+minute apart. --prompt - reads the prompt from stdin.
+
+A run whose turn failed or timed out becomes a dead letter at once, unless
+--retry-attempts N asks for up to N tries in all: the prompt is sent again to
+the same session after --retry-backoff (doubled each time, up to
+--retry-max-backoff). Failures on the server's side (no node, a sandbox that
+did not start) are retried in any case.`,
 		Example: `  atrium schedule create --cron "0 9 * * 1-5" --tz Europe/Paris --session ID --prompt "make report"
   atrium schedule create --cron "*/30 * * * *" --session ID --prompt "git pull && make test"
-  atrium schedule create --cron @daily --new --title "Nightly build" --prompt - < prompt.txt`,
+  atrium schedule create --cron @daily --new --title "Nightly build" --prompt - < prompt.txt
+  atrium schedule create --cron @hourly --session ID --prompt "fix the lint" --retry-attempts 3 --retry-backoff 1m`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -79,6 +87,11 @@ minute apart. --prompt - reads the prompt from stdin.`,
 			case spec.Title != "" && !spec.New:
 				return usageError(cmd, "--title names the sessions --new creates; it needs --new")
 			}
+			policy, err := retry.policy(cmd)
+			if err != nil {
+				return err
+			}
+			spec.Retry = policy
 			text, err := readPrompt(cmd, env, spec.Prompt)
 			if err != nil {
 				return err
@@ -109,6 +122,7 @@ minute apart. --prompt - reads the prompt from stdin.`,
 	f.StringVar(&spec.Title, "title", "", `title of the sessions --new creates, followed by the run's date (default "Scheduled run")`)
 	f.StringVar(&spec.Prompt, "prompt", "", "text sent at each tick; - reads it from stdin (required)")
 	f.StringVar(&spec.Missed, "missed", "skip", "ticks missed while no server ran: skip, or run_once")
+	retry.register(cmd)
 	f.BoolVar(&asJSON, "json", false, "print the schedule as JSON")
 	return cmd
 }
@@ -336,8 +350,8 @@ func printSchedule(w io.Writer, sc client.Schedule) {
 	if sc.Paused {
 		state = "paused"
 	}
-	fmt.Fprintf(w, "schedule  %s (%s)\ncreator   %s\ncron      %s (%s)\ntarget    %s\nmissed    %s\nnext run  %s\n",
-		sc.ID, state, sc.Creator, sc.Cron, sc.TZ, scheduleTarget(sc), sc.Missed, scheduleNext(sc))
+	fmt.Fprintf(w, "schedule  %s (%s)\ncreator   %s\ncron      %s (%s)\ntarget    %s\nmissed    %s\nretries   %s\nnext run  %s\n",
+		sc.ID, state, sc.Creator, sc.Cron, sc.TZ, scheduleTarget(sc), sc.Missed, retryDetail(sc.Retry), scheduleNext(sc))
 	r := sc.LastRun
 	if r == nil {
 		fmt.Fprintln(w, "last run  never")

@@ -37,6 +37,7 @@ func newTaskRunCmd(env *cliEnv) *cobra.Command {
 		req     client.TaskRequest
 		command []string
 		agent   string
+		retry   retryFlags
 		detach  bool
 		asJSON  bool
 	)
@@ -58,11 +59,18 @@ the prompt in one turn, and what it changed is committed and pushed by the
 server. Approvals the agent asks for follow the server's permission mode; a
 driver can answer them in the session ('atrium attach SESSION').
 
+The server retries what failed on its side (a sandbox that did not start, the
+forge or a node that did not answer). With --retry-attempts N a turn that
+failed or timed out is tried again too, up to N tries in all: the prompt is
+sent again to the same session, whose workspace is as the last try left it,
+after --retry-backoff (doubled each time, up to --retry-max-backoff).
+
 With --detach, print the task id and session and return at once; 'atrium task
 show ID' tells how it went.`,
 		Example: `  atrium task run --repo https://github.com/acme/widgets --base main "make fmt"
   atrium task run --repo https://gitea.example.com/acme/widgets --title "Update deps" "go get -u ./... && go mod tidy"
   atrium task run --repo https://github.com/acme/widgets --agent claude "Fix the flaky test in store_test.go"
+  atrium task run --repo https://github.com/acme/widgets --agent claude --retry-attempts 3 --retry-backoff 2m "Make the build pass"
   atrium task run --repo https://github.com/acme/widgets --detach --json "make fmt"`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -81,6 +89,9 @@ show ID' tells how it went.`,
 				req.Harness.Command = command
 			}
 			req.Harness.Agent = agent
+			if req.Retry, err = retry.policy(cmd); err != nil {
+				return err
+			}
 			c, err := conn.client(cmd, env)
 			if err != nil {
 				return err
@@ -116,6 +127,7 @@ show ID' tells how it went.`,
 	cmd.Flags().StringVar(&req.Title, "title", "", "pull request title (default: the prompt's first line)")
 	cmd.Flags().StringArrayVar(&command, "command", nil, "harness argv, one --command per argument (default: the shell harness)")
 	cmd.Flags().StringVar(&agent, "agent", "", "run this coding agent on the prompt (see 'atrium agents ls'), e.g. claude")
+	retry.register(cmd)
 	cmd.Flags().StringVar(&req.CallbackURL, "callback-url", "", "URL the server POSTs the signed result to (if the server allows it)")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "print the task id and session and return without waiting")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the task (or, with --detach, {task,session,branch}) as JSON")
@@ -147,6 +159,14 @@ func newTaskShowCmd(env *cliEnv) *cobra.Command {
 			}
 			fmt.Fprintf(env.stdout, "task     %s\nstatus   %s\nrepo     %s (base %s)\ntitle    %s\nsession  %s\nbranch   %s\n",
 				t.ID, t.Status, t.Repo, t.Base, t.Title, t.Session, t.Branch)
+			if t.Agent != "" {
+				fmt.Fprintf(env.stdout, "agent    %s\n", t.Agent)
+			}
+			fmt.Fprintf(env.stdout, "retries  %s", retryDetail(t.Retry))
+			if t.Attempts > 0 {
+				fmt.Fprintf(env.stdout, "; %d attempt(s) made", t.Attempts)
+			}
+			fmt.Fprintln(env.stdout)
 			if t.Commit != "" {
 				fmt.Fprintf(env.stdout, "commit   %s\n", t.Commit)
 			}
