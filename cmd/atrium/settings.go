@@ -1,7 +1,11 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -33,12 +37,32 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
   turn_timeout=DURATION   how long the session's turns may run, e.g. 10m,
                           from the next turn; at most the server's
                           node.turn_timeout.
+  memory_bytes=SIZE       the sandbox's memory limit, e.g. 512MiB (0: the
+                          server's), at most sandbox.memory_bytes; applied
+                          when the sandbox is next opened.
+  pids=N                  the sandbox's process limit (0: the server's), at
+                          most sandbox.pids.
+  mcp_servers=JSON        the MCP servers given to an agent session's agent,
+                          in ACP's shapes, e.g.
+                          [{"name":"files","command":"/opt/mcp/files","args":[],"env":[]}]
+                          or [{"name":"docs","type":"http","url":"https://…","headers":[]}]
+                          (http and sse only to hosts the sandbox may reach);
+                          @FILE reads the JSON from FILE; [] removes them.
+  setup=COMMAND           a shell command run in /workspace before a turn
+                          when the sandbox is new or files were written,
+                          e.g. 'pip install -r requirements.txt'; its
+                          failure fails the turn. An empty value removes it.
 
-The server refuses keys it does not know, naming them.`,
+Without --set it prints the title and the session's own settings. The
+server refuses keys it does not know, naming them, and values beyond the
+operator's limits, naming the limit.`,
 		Example: `  atrium settings ID
   atrium settings ID --set title='release notes'
   atrium settings ID --set permission_mode=ask
-  atrium settings ID --set turn_timeout=10m`,
+  atrium settings ID --set turn_timeout=10m
+  atrium settings ID --set memory_bytes=512MiB --set pids=256
+  atrium settings ID --set setup='pip install -r requirements.txt'
+  atrium settings ID --set mcp_servers=@mcp.json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var patch client.SessionPatch
@@ -54,7 +78,11 @@ The server refuses keys it does not know, naming them.`,
 				if patch.Settings == nil {
 					patch.Settings = map[string]any{}
 				}
-				patch.Settings[k] = v
+				val, err := settingValue(k, v)
+				if err != nil {
+					return err
+				}
+				patch.Settings[k] = val
 			}
 			c, err := conn.client(cmd, env)
 			if err != nil {
@@ -67,6 +95,7 @@ The server refuses keys it does not know, naming them.`,
 					return explain(err, conn.server)
 				}
 				fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
+				printSettings(env, s.Settings)
 				return nil
 			}
 			s, err := c.PatchSession(cmd.Context(), id, patch)
@@ -74,6 +103,12 @@ The server refuses keys it does not know, naming them.`,
 				return explain(err, conn.server)
 			}
 			fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
+			for _, k := range []string{"memory_bytes", "pids", "mcp_servers", "setup"} {
+				if _, ok := patch.Settings[k]; ok {
+					printSettings(env, s.Settings)
+					break
+				}
+			}
 			if m, ok := patch.Settings["permission_mode"]; ok {
 				fmt.Fprintf(env.stdout, "permission_mode: %s (from the agent's next start)\n", m)
 			}
@@ -83,7 +118,7 @@ The server refuses keys it does not know, naming them.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, permission_mode, turn_timeout")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, permission_mode, turn_timeout, memory_bytes, pids, mcp_servers, setup")
 	conn.register(cmd)
 	return cmd
 }
@@ -111,4 +146,91 @@ func newRenameCmd(env *cliEnv) *cobra.Command {
 	}
 	conn.register(cmd)
 	return cmd
+}
+
+// settingValue turns a --set value into the JSON value the server takes:
+// a number for memory_bytes (with a KiB/MiB/GiB suffix or none) and pids,
+// a list for mcp_servers (JSON, or @FILE), a string otherwise.
+func settingValue(k, v string) (any, error) {
+	switch k {
+	case "memory_bytes":
+		n, err := parseSize(v)
+		if err != nil {
+			return nil, fmt.Errorf("--set memory_bytes=%s: %w", v, err)
+		}
+		return n, nil
+	case "pids":
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--set pids=%s: want a number of processes", v)
+		}
+		return n, nil
+	case "mcp_servers":
+		data := []byte(v)
+		if name, ok := strings.CutPrefix(v, "@"); ok {
+			var err error
+			if data, err = os.ReadFile(name); err != nil {
+				return nil, fmt.Errorf("--set mcp_servers=@%s: %w", name, err)
+			}
+		}
+		var l json.RawMessage
+		if err := json.Unmarshal(data, &l); err != nil {
+			return nil, fmt.Errorf("--set mcp_servers: not JSON (%v); give a list such as [{\"name\":\"files\",\"command\":\"/opt/mcp/files\"}] or @FILE", err)
+		}
+		return l, nil
+	}
+	return v, nil
+}
+
+// parseSize parses a byte count with an optional KiB, MiB or GiB suffix
+// (KB, MB and GB, and K, M, G, mean the same).
+func parseSize(v string) (int64, error) {
+	s := strings.TrimSpace(v)
+	mult := int64(1)
+units:
+	for _, u := range []struct {
+		suffixes []string
+		mult     int64
+	}{{[]string{"GiB", "GB", "G"}, 1 << 30}, {[]string{"MiB", "MB", "M"}, 1 << 20}, {[]string{"KiB", "KB", "K"}, 1 << 10}} {
+		for _, suf := range u.suffixes {
+			if t, ok := strings.CutSuffix(s, suf); ok {
+				s, mult = strings.TrimSpace(t), u.mult
+				break units
+			}
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, errors.New("want a size such as 536870912, 512MiB or 2GiB")
+	}
+	return n * mult, nil
+}
+
+// printSettings prints the session's own settings, one per line.
+func printSettings(env *cliEnv, st *session.Settings) {
+	if st == nil {
+		return
+	}
+	if st.PermissionMode != "" {
+		fmt.Fprintf(env.stdout, "permission_mode: %s\n", st.PermissionMode)
+	}
+	if st.TurnTimeout != "" {
+		fmt.Fprintf(env.stdout, "turn_timeout: %s\n", st.TurnTimeout)
+	}
+	if st.MemoryBytes > 0 {
+		fmt.Fprintf(env.stdout, "memory_bytes: %d\n", st.MemoryBytes)
+	}
+	if st.Pids > 0 {
+		fmt.Fprintf(env.stdout, "pids: %d\n", st.Pids)
+	}
+	for _, m := range st.MCPServers {
+		where := m.Command
+		if m.URL != "" {
+			where = m.URL
+		}
+		fmt.Fprintf(env.stdout, "mcp_server: %s (%s) %s\n", m.Name, m.ServerType(), where)
+	}
+	if st.Setup != "" {
+		fmt.Fprintf(env.stdout, "setup: %s\n", st.Setup)
+	}
 }

@@ -32,10 +32,20 @@ func TestCLI_Settings(t *testing.T) {
 		"--set permission_mode=yolo": `not "yolo"`,
 		"--set nokey":                "want KEY=VALUE",
 		"--set turn_timeout=48h":     "beyond this server's limit",
+		"--set memory_bytes=lots":    "want a size such as",
+		"--set pids=-1":              "want a number of processes",
+		"--set mcp_servers=[oops":    "mcp_servers: not JSON",
+		"--set memory_bytes=64MiB":   "sandbox.memory_bytes",
 	} {
 		if _, _, err := c.run(cliContext(t), nil, append([]string{"settings", id}, strings.Fields(args)...)...); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("settings %s: %v, want %q", args, err, want)
 		}
+	}
+	if out := c.ok("settings", id, "--set", "setup=echo ready > /workspace/ready"); !strings.Contains(out, "setup: echo ready > /workspace/ready") {
+		t.Errorf("settings --set setup = %q", out)
+	}
+	if out := c.ok("settings", id); !strings.Contains(out, "turn_timeout: 1m0s\n") || !strings.Contains(out, "setup: echo ready") {
+		t.Errorf("settings shows %q, want the session's own settings", out)
 	}
 	if out := c.ok("settings", "--help"); !strings.Contains(out, "permission_mode") || !strings.Contains(out, "next time the agent is") {
 		t.Errorf("settings --help = %q", out)
