@@ -9,6 +9,7 @@ import (
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/computetest"
+	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -89,5 +90,34 @@ func TestHostUID_Refusals(t *testing.T) {
 	_, err = New(Config{Dir: filepath.Join(parent, "sandboxes"), HostUID: testHostUID})
 	if err == nil || !strings.Contains(err.Error(), "chmod o+x "+parent) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestSandbox_HostUIDModelGateway: a sandbox run as the host uid reaches the
+// node's model gateway, whose socket is 0600 and the node's: the provider
+// gives the socket to the host uid.
+func TestSandbox_HostUIDModelGateway(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	dir := searchableDir(t)
+	// The gateway's socket beside the sandboxes, as the node's is in its
+	// data dir, and only the node's, as the node makes it.
+	gw, up, sock := modelGatewayAt(t, filepath.Join(filepath.Dir(dir), "model.sock"))
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up.SetDefault(modeltest.Text("hello host uid"))
+	p := newTestProvider(t, Config{Dir: dir, HostUID: testHostUID})
+	sb := computetest.Open(t, p, compute.Spec{Session: session.NewID(), ModelSocket: sock})
+	tok := gw.Issue("s1", "")
+	if err := gw.Activate(tok, 1, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	e := gw.Endpoints()
+	env := []string{"ANTHROPIC_BASE_URL=" + e.Anthropic, "ANTHROPIC_API_KEY=" + tok}
+	r := computetest.Finish(t, computetest.Start(t, sb, compute.ExecRequest{Argv: []string{"bash", "-c", askModel}, Env: env}), "")
+	if !strings.Contains(r.Stdout, "HTTP/1.1 200") || !strings.Contains(r.Stdout, "hello host uid") {
+		t.Fatalf("answer %q (stderr %q)", r.Stdout, r.Stderr)
 	}
 }

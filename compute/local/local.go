@@ -360,6 +360,12 @@ func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
 			return limits{}, err
 		}
 		lim.model = filepath.Clean(spec.ModelSocket)
+		// Sandboxes run as the host uid must be able to connect to it
+		// (it is 0600); they all share that uid, and the gateway checks
+		// each sandbox's own token.
+		if err := p.hostID.ownFile(lim.model); err != nil {
+			return limits{}, fmt.Errorf("give the model gateway's socket to the sandbox host uid: %w", err)
+		}
 	}
 	return lim, nil
 }

@@ -24,6 +24,12 @@ var realModelKey = "sk-ant-" + string(session.NewID())
 // Unix socket; it returns the socket's path.
 func modelGateway(t *testing.T) (*modelgw.Gateway, *modeltest.Server, string) {
 	t.Helper()
+	return modelGatewayAt(t, filepath.Join(t.TempDir(), "model.sock"))
+}
+
+// modelGatewayAt is modelGateway with its socket at sock.
+func modelGatewayAt(t *testing.T, sock string) (*modelgw.Gateway, *modeltest.Server, string) {
+	t.Helper()
 	up := modeltest.New(t)
 	gw, err := modelgw.New(modelgw.Config{Providers: []modelgw.Provider{
 		{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: up.URL, APIKey: realModelKey},
@@ -31,7 +37,6 @@ func modelGateway(t *testing.T) (*modelgw.Gateway, *modeltest.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "model.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
