@@ -84,7 +84,30 @@ func (h *Host) captureEvents(ctx context.Context, id session.ID, epoch string, e
 	if m != nil {
 		msgs = append(msgs, h.metaMsg(m))
 	}
-	return h.events.Capture(ctx, msgs, func() error { return h.mayWrite(id) })
+	top, err := h.events.Capture(ctx, msgs, func() error {
+		if err := h.mayWrite(id); err != nil {
+			return err
+		}
+		return h.storeFull()
+	})
+	if err != nil {
+		h.leaseMu.Lock()
+		l := h.leases[id]
+		h.leaseMu.Unlock()
+		if l != nil {
+			l.uncaptured.Store(true)
+		}
+	}
+	return top, err
+}
+
+// storeFull returns why the JetStream store cannot take writes now (see
+// Config.StoreFull), nil if nothing says so.
+func (h *Host) storeFull() error {
+	if h.cfg.StoreFull == nil {
+		return nil
+	}
+	return h.cfg.StoreFull()
 }
 
 // streamLast is the newest message of a subject in the events stream; nil

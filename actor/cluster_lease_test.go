@@ -145,6 +145,7 @@ func TestLease_FenceIsTheRecordRevision(t *testing.T) {
 	if err := h.mayWrite(id); err != nil {
 		t.Fatalf("mayWrite while held: %v", err)
 	}
+	h.markCurrent(id) // what a successful bringUpToDate does
 	l.release(t.Context())
 	if err := h.mayWrite(id); !errors.Is(err, errLeaseLost) {
 		t.Fatalf("mayWrite after release: %v, want errLeaseLost", err)
@@ -313,4 +314,45 @@ func keysOf(m map[string]*ajs.Record) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestLease_ReleaseRemembered: a release is remembered (the next activation
+// on this node continues on the fast path, without comparing its file with
+// the stream) only when the activation's file was known current and no
+// capture of its events failed; otherwise the next activation reconciles.
+// An activation that failed before it compared the file (the store full)
+// and then released made the next one skip the comparison, and the stream
+// kept a gap where the uncaptured tail was (issue 21 item 2).
+func TestLease_ReleaseRemembered(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		current    bool
+		uncaptured bool
+		want       bool
+	}{
+		{"current", true, false, true},
+		{"never compared", false, false, false},
+		{"capture failed", true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := leaseHost(t, "a", newFakeOwners(), 3*time.Second)
+			const id = session.ID("s_1")
+			l, err := h.acquireLease(t.Context(), id, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.current {
+				h.markCurrent(id)
+			}
+			l.uncaptured.Store(tc.uncaptured)
+			l.release(t.Context())
+			l2, err := h.acquireLease(t.Context(), id, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l2.continued != tc.want {
+				t.Errorf("next activation continued = %v, want %v", l2.continued, tc.want)
+			}
+		})
+	}
 }

@@ -183,6 +183,11 @@ type Config struct {
 	// DefaultEventsMaxAge if zero. It must be far longer than the time
 	// between checkpoints (see DefaultEventsMaxAge).
 	EventsMaxAge time.Duration
+	// StoreFull, when set, reports why the JetStream store cannot take
+	// writes now (embedded.Guard.Err: the disk of an embedded server is
+	// full). Captures then fail at once with that reason, which callers
+	// are told, instead of waiting for acknowledgements that never come.
+	StoreFull func() error
 	// Checkpoints is the object store history checkpoints are written to
 	// (sessions/<id>/history/…): at hibernation, every CheckpointInterval
 	// while active and when the node drains. A node taking a session over

@@ -302,7 +302,20 @@ type lease struct {
 	// checkpointed is the last seq the session's newest checkpoint holds,
 	// -1 if unknown: known when continued, set after each checkpoint.
 	checkpointed atomic.Int64
-	lost         func() // called once, by markLost
+	// uncaptured is set when a capture of the session's events failed
+	// while held (captureEvents): the file may hold events the stream
+	// lacks, so its release is not remembered as continued and the next
+	// activation compares the file with the stream (and re-publishes).
+	// Without it a session stopped by a full JetStream store woke on the
+	// fast path, and the stream kept a gap where its uncaptured tail was.
+	uncaptured atomic.Bool
+	// current is set once the activation's file is known to agree with
+	// the stream (continued, or brought up to date: markCurrent). Only
+	// then may its release be remembered: an activation that failed
+	// before (the stream out of reach, its store full) knows nothing of
+	// the file, and the next one must compare it.
+	current atomic.Bool
+	lost    func() // called once, by markLost
 
 	mu       sync.Mutex
 	released bool // guarded by mu
@@ -333,6 +346,10 @@ func errLeaseHeld(id session.ID, node string, ttl time.Duration) error {
 func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*lease, error) {
 	inc, _, ok := h.node.current()
 	if !ok {
+		if err := h.storeFull(); err != nil {
+			// Why the node cannot renew its lease, said precisely.
+			return nil, session.Errorf(session.CodeUnavailable, "this node cannot take sessions: %v; retry", err)
+		}
 		return nil, errNoNodeLease
 	}
 	// A node cut off from NATS must not wait long for it.
@@ -354,6 +371,7 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 		// held it since.
 		if rev, err = h.owners.Swap(ctx, l.key, val, prev.marker, 0); err == nil {
 			l.continued = true
+			l.current.Store(true)
 			l.checkpointed.Store(prev.checkpointed)
 		}
 	}
@@ -491,9 +509,23 @@ func (l *lease) release(ctx context.Context) {
 		l.h.log.Warn("release lease", "session", l.id, "err", err)
 		return
 	}
+	if l.uncaptured.Load() || !l.current.Load() {
+		return // Not known current: the next activation reconciles.
+	}
 	l.h.leaseMu.Lock()
 	l.h.released[l.id] = releasedLease{marker: marker, checkpointed: l.checkpointed.Load()}
 	l.h.leaseMu.Unlock()
+}
+
+// markCurrent notes that the file of id's activation agrees with the
+// stream (see lease.current).
+func (h *Host) markCurrent(id session.ID) {
+	h.leaseMu.Lock()
+	l := h.leases[id]
+	h.leaseMu.Unlock()
+	if l != nil {
+		l.current.Store(true)
+	}
 }
 
 // leaseFence returns the fencing token of id's activation on this node: the
@@ -668,6 +700,10 @@ func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
 	s.lost = true
 	s.log.Error("stopping the session: this node no longer owns it", "why", why, "fence", s.fence)
 	s.openErr = session.Errorf(session.CodeUnavailable, "this node no longer owns session %s; retry", s.id)
+	if err := s.h.storeFull(); err != nil {
+		// Stopped because its events cannot be stored: say why.
+		s.openErr = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, err)
+	}
 	s.teardownNow("ownership lost")
 	s.h.metrics.leaseLost.Inc()
 	if s.h.afterLeaseLost != nil {

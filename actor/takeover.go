@@ -44,8 +44,13 @@ var errDiverged = errors.New("the local history diverged from the events stream"
 
 // bringUpToDate opens id's history, making it agree with the events stream
 // first (see above).
-func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (History, error) {
+func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (_ History, err error) {
 	h := s.h
+	defer func() {
+		if err == nil {
+			h.markCurrent(s.id)
+		}
+	}()
 	if continued {
 		// This node released the lease last and nobody held it since:
 		// everything it committed was captured before it let go, so the
@@ -54,6 +59,11 @@ func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (Histo
 		if err == nil || !errors.Is(err, session.ErrNotFound) {
 			return hist, err
 		}
+	}
+	if err := h.storeFull(); err != nil {
+		// The stream may not even answer reads while its disk is full (a
+		// write stuck holding it): refuse at once, saying why.
+		return nil, session.Errorf(session.CodeUnavailable, "session %s cannot be compared with the events stream: %v; retry", s.id, err)
 	}
 	last, err := h.streamLast(ctx, h.cfg.Subjects.Events(s.id))
 	if err != nil {

@@ -251,6 +251,7 @@ func (s *Server) startNATS() error {
 	}
 	s.ns = ns
 	s.inproc.set(ns)
+	s.guard.watch(ns, s.cfg.Logger)
 	return nil
 }
 

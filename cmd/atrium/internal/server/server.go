@@ -299,6 +299,7 @@ type Server struct {
 	inproc  inProcess
 	reg     *prometheus.Registry
 	closing atomic.Bool
+	guard   storeGuard // the embedded server's JetStream through a full disk (storeguard.go)
 	// tp is the tracer provider of Config.Tracing; nil when it is off.
 	tp *sdktrace.TracerProvider
 	// beat writes this process's heartbeat into the nodes bucket
@@ -650,6 +651,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		CancelGrace:        cfg.CancelGrace,
 		LeaseTTL:           cfg.LeaseTTL,
 		Replicas:           cfg.NATS.Replicas,
+		StoreFull:          s.guard.err,
 		Checkpoints:        s.store, // beside the workspaces
 		CheckpointInterval: cfg.CheckpointInterval,
 		DrainGrace:         cfg.DrainGrace,
@@ -858,6 +860,7 @@ func (s *Server) Close(ctx context.Context) error {
 			s.nc.Close()
 		}
 		if s.ns != nil {
+			s.guard.stop()
 			s.ns.Shutdown()
 			s.ns.WaitForShutdown()
 		}
