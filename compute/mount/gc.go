@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,6 +56,10 @@ type Collector struct {
 	// MaxSave bounds how long a pending save protects its volume; 0 means
 	// DefaultMaxSave.
 	MaxSave time.Duration
+	// Volumes names the volumes under sessions/<id>/ a pass collects;
+	// nil means just "workspace" (Prefix). Other keys under sessions/ are
+	// only measured.
+	Volumes []string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Logger gets one line per pass that deleted something; nil means
@@ -88,7 +93,6 @@ type volumeKeys struct {
 	content  []blob.Info // objects/, packs/
 	forks    []blob.Info // forks/<child>
 	pending  []blob.Info // pending/<save>
-	bytes    int64       // everything under sessions/<id>/
 }
 
 func (c *Collector) grace() time.Duration   { return cmpOr(c.Grace, DefaultCollectGrace) }
@@ -126,9 +130,14 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 	cutoff := start.Add(-c.grace())
 	st := CollectStats{Usage: make(map[session.ID]int64)}
 
+	names := c.Volumes
+	if names == nil {
+		names = []string{"workspace"}
+	}
 	// 1. List everything once.
-	vols := make(map[session.ID]*volumeKeys)
-	var order []session.ID
+	vols := make(map[string]*volumeKeys) // by volume prefix
+	var order []string
+	bytes := make(map[session.ID]int64) // everything under sessions/<id>/
 	for info, err := range c.Blob.List(ctx, "sessions/") {
 		if err != nil {
 			return st, fmt.Errorf("collect workspace garbage: list: %w", err)
@@ -137,16 +146,16 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 		if len(parts) < 3 {
 			continue
 		}
-		id := session.ID(parts[1])
-		vk := vols[id]
+		bytes[session.ID(parts[1])] += info.Size
+		if len(parts) < 4 || !slices.Contains(names, parts[2]) {
+			continue
+		}
+		prefix := "sessions/" + parts[1] + "/" + parts[2] + "/"
+		vk := vols[prefix]
 		if vk == nil {
 			vk = &volumeKeys{}
-			vols[id] = vk
-			order = append(order, id)
-		}
-		vk.bytes += info.Size
-		if parts[2] != "workspace" || len(parts) < 4 {
-			continue
+			vols[prefix] = vk
+			order = append(order, prefix)
 		}
 		rest := parts[3]
 		switch {
@@ -168,9 +177,8 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 	live := make(map[string]bool)   // content keys
 	based := make(map[string]bool)  // kept manifest keys a current manifest is based on
 	spared := make(map[string]bool) // session prefixes that lose nothing this pass
-	for _, id := range order {
-		vk := vols[id]
-		prefix := Prefix(id)
+	for _, prefix := range order {
+		vk := vols[prefix]
 		for _, p := range vk.pending {
 			if p.Modified.After(start.Add(-c.maxSave())) {
 				spared[prefix] = true // A save in progress.
@@ -204,9 +212,8 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 	// mark what they use; the others expire.
 	var expired []blob.Info
 	keepFrom := start.Add(-c.keep())
-	for _, id := range order {
-		vk := vols[id]
-		prefix := Prefix(id)
+	for _, prefix := range order {
+		vk := vols[prefix]
 		for _, k := range vk.kept {
 			if k.Modified.After(keepFrom) || based[k.Key] || spared[prefix] {
 				var m Manifest
@@ -229,7 +236,7 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 		if err := c.Blob.Delete(ctx, info.Key); err != nil {
 			return fmt.Errorf("collect workspace garbage: delete %s: %w", info.Key, err)
 		}
-		vols[sessionOf(info.Key)].bytes -= info.Size
+		bytes[sessionOf(info.Key)] -= info.Size
 		return nil
 	}
 	for _, k := range expired {
@@ -238,9 +245,8 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 		}
 		st.Expired++
 	}
-	for _, id := range order {
-		vk := vols[id]
-		prefix := Prefix(id)
+	for _, prefix := range order {
+		vk := vols[prefix]
 		for _, o := range vk.content {
 			switch {
 			case live[o.Key]:
@@ -255,8 +261,8 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 			}
 		}
 		for _, f := range vk.forks {
-			child := vols[session.ID(strings.TrimPrefix(f.Key, prefix+forksDir))]
-			if f.Modified.Before(cutoff) && (child == nil || child.bytes <= 0) {
+			child := session.ID(strings.TrimPrefix(f.Key, prefix+forksDir))
+			if f.Modified.Before(cutoff) && bytes[child] <= 0 {
 				if err := del(f); err != nil {
 					return st, err
 				}
@@ -270,8 +276,8 @@ func (c *Collector) Collect(ctx context.Context) (CollectStats, error) {
 			}
 		}
 	}
-	for _, id := range order {
-		if b := vols[id].bytes; b > 0 {
+	for id, b := range bytes {
+		if b > 0 {
 			st.Usage[id] = b
 		}
 	}

@@ -272,3 +272,39 @@ func TestQuota(t *testing.T) {
 		})
 	}
 }
+
+// TestCollector_Volumes: a pass collects the volumes it is told about
+// (here an agent's home beside the workspace) and only measures the rest.
+func TestCollector_Volumes(t *testing.T) {
+	b := backend{name: "dir", store: &blob.Dir{Path: t.TempDir()}}
+	ctx := context.Background()
+	ws := t.TempDir()
+	writeFile(t, ws, "transcript.bin", blobtest.Random(400<<10), 0o644, old)
+	v := &mount.Volume{Blob: b.store, Prefix: "sessions/h1/agent-home/", Logger: quiet}
+	mustRestore(t, v, b.workspace(t, ws), 1)
+	mustSave(t, v, b.workspace(t, ws), 1)
+	must(t, removeFile(ws, "transcript.bin"))
+	mustSave(t, v, b.workspace(t, ws), 1)
+	objects := func() int {
+		n := 0
+		for _, k := range blobtest.Keys(t, b.store, v.Prefix) {
+			if strings.Contains(k, "/objects/") {
+				n++
+			}
+		}
+		return n
+	}
+	c := &mount.Collector{Blob: b.store, Now: later(3 * time.Hour), Logger: quiet}
+	st, err := c.Collect(ctx)
+	must(t, err)
+	if objects() != 1 || st.Usage["h1"] < 400<<10 {
+		t.Errorf("a pass not told about agent-home: %d objects left, usage %d; want it untouched and measured", objects(), st.Usage["h1"])
+	}
+	c.Volumes = []string{"workspace", "agent-home"}
+	if _, err := c.Collect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if objects() != 0 {
+		t.Errorf("a pass told about agent-home left %d objects of a removed file", objects())
+	}
+}

@@ -35,10 +35,12 @@ type storageGC struct {
 // measured by every pass.
 func startStorageGC(cfg Storage, store blob.Store, quota *mount.Quota, log *slog.Logger) *storageGC {
 	g := &storageGC{
-		collector: &mount.Collector{Blob: store, Grace: cfg.GCGrace, KeepHistory: cfg.WorkspaceHistory, Logger: log},
-		quota:     quota,
-		interval:  cmpDur(cfg.GCInterval, DefaultGCInterval),
-		log:       log,
+		collector: &mount.Collector{Blob: store, Grace: cfg.GCGrace, KeepHistory: cfg.WorkspaceHistory, Logger: log,
+			// The session's workspace and its agent's home (actor/agenthome.go).
+			Volumes: []string{"workspace", "agent-home"}},
+		quota:    quota,
+		interval: cmpDur(cfg.GCInterval, DefaultGCInterval),
+		log:      log,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.cancel = cancel
