@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/atriumhq/atrium/compute/remote"
+	"github.com/atriumhq/atrium/compute/vmhost"
+	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/storage/blob/blobtest"
+)
+
+// vmTurnWait bounds a turn whose sandbox is a QEMU VM under software
+// emulation: the first one boots the VM host's snapshot template.
+const vmTurnWait = 3 * time.Minute
+
+// vmCacheDir is where the guest image is kept between runs:
+// $ATRIUM_VM_CACHE, default /var/cache/atrium-vm (shared with the
+// compute/vmhost tests: the same inputs give the same image).
+func vmCacheDir() string {
+	if d := os.Getenv("ATRIUM_VM_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/atrium-vm"
+}
+
+// staticAtriumAndImage builds a static atrium and the guest image around
+// it, and returns the binary and the image's directory.
+func staticAtriumAndImage(t *testing.T) (string, string) {
+	t.Helper()
+	if _, err := exec.LookPath(vmhost.DefaultQEMU); err != nil {
+		t.Fatal("QEMU is not installed: run .ci/deps")
+	}
+	bin := filepath.Join(t.TempDir(), "atrium-static")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build a static atrium: %v: %s", err, out)
+	}
+	dir := filepath.Join(vmCacheDir(), "test-image")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := vmhost.Build(ctx, vmhost.BuildConfig{Dir: dir, Atrium: bin, Version: "devel", Progress: os.Stderr}); err != nil {
+		t.Fatalf("guest image: %v", err)
+	}
+	return bin, dir
+}
+
+// hostAddress returns an IPv4 address of this machine that is not
+// loopback: VMs reach the object store there (a guest's 127.0.0.1 is its
+// own).
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Fatal("this machine has no IPv4 address besides loopback for the VMs to reach the object store at")
+	return ""
+}
+
+// vmHostProc is a running `atrium vmhost`.
+type vmHostProc struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	exited chan struct{}
+}
+
+// startVMHost runs `atrium vmhost` on listen and waits until it answers.
+func startVMHost(t *testing.T, bin, image, state, listen, tokenFile string) *vmHostProc {
+	t.Helper()
+	p := &vmHostProc{out: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(bin, "vmhost", "--listen", listen, "--token-file", tokenFile, "--dir", image,
+		"--state-dir", state, "--max-vms", "2")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(30 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("atrium vmhost output:\n%s", p.out)
+		}
+	})
+	deadline := time.Now().Add(e2eWait)
+	for {
+		resp, err := http.Get("http://" + listen + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("atrium vmhost exited at start:\n%s", p.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("atrium vmhost not answering within %v:\n%s", e2eWait, p.out)
+		}
+		time.Sleep(50 * time.Millisecond) // Polling interval.
+	}
+}
+
+// vmsOf returns the VMs the VM host at listen runs for session id.
+func vmsOf(t *testing.T, listen, token string, id session.ID) []remote.VMInfo {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+listen+"/status", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("vmhost status: %v", err)
+	}
+	defer resp.Body.Close()
+	var st remote.VMHostStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("vmhost status: %v", err)
+	}
+	var out []remote.VMInfo
+	for _, v := range st.VMs {
+		if v.Session == string(id) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// TestDev_VMHostKill9 runs `atrium dev` with its sandboxes on a real `atrium
+// vmhost` (QEMU microVMs) and its workspaces in S3 (versitygw): a session's
+// turns run in a VM; after the node's kill -9 a new node continues in the
+// same VM; after the VM host's kill -9 (its VMs die with it) and restart,
+// the next turn gets a fresh VM with the workspace restored from S3.
+func TestDev_VMHostKill9(t *testing.T) {
+	bin, image := staticAtriumAndImage(t)
+	dir := t.TempDir()
+	s3 := blobtest.StartS3On(t, hostAddress(t))
+	token := "vmhost-e2e-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	tokenFile := filepath.Join(dir, "vmhost-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	state, err := os.MkdirTemp("", "vmh") // short: QMP socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	vh := startVMHost(t, bin, image, state, listen, tokenFile)
+
+	cfg := filepath.Join(dir, "atrium.yaml")
+	yaml := fmt.Sprintf(`sandbox:
+  provider: remote
+  remote:
+    vm_hosts:
+      - url: http://%s
+        token_file: %s
+storage:
+  type: s3
+  s3: {endpoint: %q, bucket: %q, access_key: %q, secret_key: %q, insecure: true}
+`, listen, tokenFile, s3.Endpoint, s3.Bucket, s3.AccessKey, s3.SecretKey)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	p := startDev(t, data, "--config", cfg)
+	a := api{t: t, base: p.url, user: "ann"}
+	s := a.create("in a VM")
+	turn := func(a api, n int64, prompt string) string {
+		t.Helper()
+		a.prompt(s.ID, prompt)
+		fin := waitTurnFor(a, s.ID, n, vmTurnWait)
+		out := stdoutOf(a.events(s.ID), n)
+		if fin.field("status") != string(session.TurnOK) {
+			t.Fatalf("turn %d: %s; stdout %q", n, fin.raw, out)
+		}
+		return out
+	}
+	begin := time.Now()
+	if out := turn(a, 1, "echo kept > note && uname -r && cat /proc/sys/kernel/random/boot_id"); !strings.Contains(out, "cloud") {
+		t.Fatalf("turn 1 did not run in the VM's kernel (Debian's cloud kernel): %q", out)
+	}
+	t.Logf("turn 1 (VM host's template, then a clone) took %v", time.Since(begin).Round(time.Millisecond))
+	vms := vmsOf(t, listen, token, s.ID)
+	if len(vms) != 1 {
+		t.Fatalf("VMs of the session after turn 1: %+v", vms)
+	}
+	first := vms[0].ID
+
+	// The node dies; a new one on the same data dir continues in the same
+	// VM (the VM host still runs it for the session).
+	p.signal(syscall.SIGKILL)
+	p.wait()
+	p2 := startDev(t, data, "--config", cfg)
+	a2 := api{t: t, base: p2.url, user: "ann"}
+	begin = time.Now()
+	if out := turn(a2, 2, "cat note"); out != "kept\n" {
+		t.Fatalf("turn 2 on the new node: %q", out)
+	}
+	t.Logf("turn 2 after the node's kill -9 took %v", time.Since(begin).Round(time.Millisecond))
+	if vms := vmsOf(t, listen, token, s.ID); len(vms) != 1 || vms[0].ID != first {
+		t.Fatalf("after the node's kill -9 the session's VMs are %+v; want the same VM %s", vms, first)
+	}
+
+	// The VM host dies (its VMs with it) and comes back empty: the next
+	// turn gets a fresh VM and the workspace saved in S3.
+	vh.cmd.Process.Signal(syscall.SIGKILL)
+	<-vh.exited
+	startVMHost(t, bin, image, state, listen, tokenFile)
+	begin = time.Now()
+	if out := turn(a2, 3, "cat note"); out != "kept\n" {
+		t.Fatalf("turn 3 after the VM host's kill -9: %q", out)
+	}
+	t.Logf("turn 3 after the VM host's kill -9 took %v", time.Since(begin).Round(time.Millisecond))
+	vms = vmsOf(t, listen, token, s.ID)
+	if len(vms) != 1 || vms[0].ID == first {
+		t.Fatalf("after the VM host's kill -9 the session's VMs are %+v; want a fresh one", vms)
+	}
+}
