@@ -53,8 +53,9 @@ func waitTyping(t *testing.T, c *wsClient, users, want []string) {
 
 // TestWS_Typing: a driver's typing frame shows as "typing":true on its
 // watcher in presence, on this gateway and another one; it expires after
-// the TTL, a prompt ends it at once, repeated frames send no more presence,
-// and a viewer's typing frame is refused with forbidden.
+// the TTL, a prompt or a {"typing":false} frame ends it at once, repeated
+// frames send no more presence, and a viewer's typing frame is refused with
+// forbidden.
 func TestWS_Typing(t *testing.T) {
 	ttl := 1500 * time.Millisecond
 	tune := func(c *gateway.Config) {
@@ -115,6 +116,18 @@ func TestWS_Typing(t *testing.T) {
 		if typing, _ := typists(f); len(typing) != 0 {
 			t.Fatalf("a repeat sent presence %v", f)
 		}
+	})
+
+	t.Run("a stop frame ends it at once", func(t *testing.T) {
+		b.send(map[string]string{"type": "typing"})
+		waitTyping(t, a, everyone, []string{"bob"})
+		b.send(map[string]any{"type": "typing", "typing": false})
+		start := time.Now()
+		waitTyping(t, a, everyone, nil)
+		if d := time.Since(start); d >= ttl {
+			t.Fatalf("typing ended %v after the stop: by expiry (TTL %v), not by the stop", d, ttl)
+		}
+		waitTyping(t, c, everyone, nil)
 	})
 
 	t.Run("viewer is refused", func(t *testing.T) {

@@ -40,8 +40,9 @@ type wsConn struct {
 	events []byte
 
 	// Owned by the reader goroutine.
-	cmds   *commander // nil until the first command
-	typing time.Time  // when the last typing frame was taken; zero after a prompt
+	cmds     *commander // nil until the first command
+	typing   time.Time  // when the last typing frame was taken (the rate limit)
+	typingOn bool       // the last typing frame taken said typing, and no prompt or stop followed
 }
 
 // serveWS serves GET /v1/sessions/{id}/ws?after=N.
@@ -316,10 +317,18 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 		return
 	}
 	if f.Type == session.FrameTyping {
+		if f.Typing != nil && !*f.Typing { // stopped typing
+			if c.typingOn {
+				c.typingOn = false
+				c.s.hub.setTyping(c.id, c.w, time.Time{})
+			}
+			return
+		}
 		// Rate limit: a frame within a quarter of the TTL of the last one
-		// taken changes nothing and is dropped unanswered.
+		// taken (typing or not since) changes nothing and is dropped
+		// unanswered, so flapping costs at most one change per TTL/4.
 		if now := time.Now(); now.Sub(c.typing) >= c.s.typingTTL/4 {
-			c.typing = now
+			c.typing, c.typingOn = now, true
 			c.s.hub.setTyping(c.id, c.w, now.Add(c.s.typingTTL))
 		}
 		return
@@ -338,10 +347,11 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 			return
 		}
 		cmd = session.Command{Op: session.OpPrompt, Text: f.Text, ClientID: f.ClientID}
-		if !c.typing.IsZero() {
-			c.typing = time.Time{}
+		if c.typingOn {
+			c.typingOn = false
 			c.s.hub.setTyping(c.id, c.w, time.Time{}) // the prompt is what was being typed
 		}
+		c.typing = time.Time{} // the next prompt's typing shows at once
 	case session.FrameCancel:
 		cmd = session.Command{Op: session.OpCancel}
 	case session.FrameApprove:

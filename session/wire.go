@@ -120,6 +120,9 @@ type ClientFrame struct {
 	// OptionID answers an agent's approval with one of its options
 	// (approval_requested.options); it may replace Allow.
 	OptionID string `json:"option_id,omitempty"`
+	// Typing false in a typing frame says the sender stopped typing
+	// (cleared the prompt box); absent or true, that it is typing.
+	Typing *bool `json:"typing,omitempty"`
 }
 
 // ErrorBody is the body of a REST error response.

@@ -477,10 +477,14 @@ export class SessionPage {
   }
 
   // typed tells the others that this user is typing a prompt: a typing
-  // frame at most every TYPING_EVERY_MS while the prompt box has text
-  // (sending the prompt ends it on the server).
+  // frame at most every TYPING_EVERY_MS while the prompt box has text, and
+  // a stop when it is emptied (sending the prompt ends it on the server).
   typed() {
-    if (!this.promptEl.value.trim() || rank(this.role) < 2 || this.fatal || !this.stream) return;
+    if (rank(this.role) < 2 || this.fatal || !this.stream) return;
+    if (!this.promptEl.value.trim()) {
+      if (this.typingSent && this.stream.send({ type: 'typing', typing: false })) this.typingSent = 0;
+      return;
+    }
     const now = Date.now();
     if (this.typingSent && now - this.typingSent < TYPING_EVERY_MS) return;
     if (this.stream.send({ type: 'typing' })) this.typingSent = now;

@@ -28,8 +28,8 @@ func noMarkup(root string) string {
 
 // TestBrowser_Typing: a driver typing a prompt shows as typing on the other
 // people's pages ("bob is typing…" above the prompt box, a pen beside bob
-// in presence), never on their own page; sending the prompt ends it at
-// once (the server's typing TTL is 6 s, far longer than the wait).
+// in presence), never on their own page; emptying the box or sending the
+// prompt ends it at once (the server's typing TTL is 6 s).
 func TestBrowser_Typing(t *testing.T) {
 	t.Parallel()
 	st := startStack(t)
@@ -59,6 +59,14 @@ func TestBrowser_Typing(t *testing.T) {
 	if eval[bool](carol, `document.querySelector('#prompt') !== null && !document.querySelector('#composer').hidden`) {
 		t.Fatal("carol, a viewer, has a prompt box")
 	}
+	// Emptying the box says he stopped, at once.
+	eval[bool](bob, `(() => { const p = document.querySelector('#prompt'); p.value = ''; p.dispatchEvent(new Event('input')); return true; })()`)
+	alice.waitJS("bob's typing ended by emptying the box", `document.querySelector('#typing').hidden`)
+	// The server takes a new start 1.5 s (a quarter of its TTL) after the
+	// last one at the earliest, and the page repeats every 2 s: typing
+	// again shows within that.
+	bob.typeInto("#prompt", "echo hello from bob")
+	alice.waitJS("bob typing again", `!document.querySelector('#typing').hidden`)
 	bob.enter()
 	alice.waitJS("bob's typing ended by his prompt", `document.querySelector('#typing').hidden && !document.querySelector('#presence li[data-user="bob"].typing')`)
 	alice.waitRow("bob's prompt", "#rows .ev", "echo hello from bob")
