@@ -88,12 +88,13 @@ function settingValue(text, old, type) {
 
 /** Manage is the dialog; the session page opens it for owners. */
 export class Manage {
-  /** opts: id, session() → the Session object held, onSession(Session), login(), onDeleted(). */
-  constructor({ id, session, onSession, login }) {
+  /** opts: id, session() → the Session object held, onSession(Session), login(), share() opens the members' dialog. */
+  constructor({ id, session, onSession, login, share }) {
     this.id = id;
     this.session = session;
     this.onSession = onSession;
     this.login = login;
+    this.share = share;
     this.el = this.build();
   }
 
@@ -151,7 +152,9 @@ export class Manage {
       h('h3', { id: `${id}-h`, text: title }), ...body);
     const dlg = h('dialog', { class: ['share', 'manage'], id: 'manage', attrs: { 'aria-labelledby': 'manage-h' } },
       h('div', { class: 'dlg-head' }, h('h2', { id: 'manage-h', text: 'Manage session' }), close),
-      section('manage-general', 'General', titleForm, this.titleErr),
+      section('manage-general', 'General', titleForm, this.titleErr,
+        h('p', { class: 'hint' }, 'Members, their roles and deleting the session: ',
+          h('button', { type: 'button', class: 'link', id: 'manage-members', text: 'Members and delete…', on: { click: () => { this.close(); this.share(); } } }))),
       section('manage-settings-s', 'Settings', settingsForm, this.settingsErr),
       section('manage-egress-s', 'Network', egressForm, this.egressErr),
       section('manage-secrets-s', 'Secrets', h('p', { class: 'hint', text: 'The sandbox gets them as environment variables. Values are never shown again.' }),

@@ -91,7 +91,7 @@ export class SessionPage {
     this.presenceEl = h('ul', { class: 'presence', id: 'presence', attrs: { 'aria-label': 'Here now' } });
     this.shareBtn = h('button', { type: 'button', class: 'small', id: 'share-open', hidden: true, text: 'Share', on: { click: () => this.openShare() } });
     this.manage = new Manage({
-      id: this.id, session: () => this.session, login: () => this.app.login(),
+      id: this.id, session: () => this.session, login: () => this.app.login(), share: () => this.openShare(),
       onSession: (s) => this.setSession({ ...this.session, ...s }),
     });
     this.manageBtn = h('button', { type: 'button', class: 'small', id: 'manage-open', hidden: true, text: 'Manage', on: { click: () => this.manage.show() } });

@@ -78,8 +78,8 @@ func TestBrowser_Typing(t *testing.T) {
 // pauses and deletes a schedule of the session (a bad cron is refused in
 // words), and sees that the server lists no repository task of it. Hostile
 // text (HTML, scripts, javascript: links, ANSI, a huge line) in titles,
-// schedule prompts and secret names stays text. A driver has no Manage
-// button. Screenshots of the dialog at desktop and phone sizes.
+// schedule prompts and secret names stays text; members and delete are one
+// click away (the Share dialog). A driver has no Manage button. Screenshots of the dialog at desktop and phone sizes.
 func TestBrowser_Manage(t *testing.T) {
 	t.Parallel()
 	st := startStack(t)
@@ -240,6 +240,11 @@ func TestBrowser_Manage(t *testing.T) {
 		alice.waitJS("the tasks note", `document.querySelector('#manage-tasks-note').textContent !== ''`)
 	})
 
-	alice.key("\x1b") // Escape closes the dialog
-	alice.waitJS("the dialog closed", `!document.querySelector('#manage').open`)
+	t.Run("members and delete are one click away", func(t *testing.T) {
+		alice.click("#manage-members")
+		alice.waitJS("the members' dialog instead", `!document.querySelector('#manage').open && document.querySelector('#share').open`)
+		alice.waitJS("bob listed", `document.querySelector('#members li[data-user="bob"]') !== null`)
+		alice.key("\x1b") // Escape closes the dialog
+		alice.waitJS("the dialog closed", `!document.querySelector('#share').open`)
+	})
 }
