@@ -121,6 +121,7 @@ type agentProc struct {
 	acpSession string
 	stale      bool   // must not serve another prompt: killed at the next turn
 	mcp        string // the MCP servers it opened its session with (mcpKey)
+	name       string // the agent it runs
 
 	mu   sync.Mutex
 	tail []byte // guarded by mu: the last stderrTail bytes of stderr

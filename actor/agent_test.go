@@ -57,10 +57,11 @@ type fakeAgents struct {
 	mode     string // the session mode to select
 	launches atomic.Int32
 	lastMode atomic.Pointer[string] // the permission mode of the last launch
+	lastName atomic.Pointer[string] // the agent of the last launch
 }
 
 func (f *fakeAgents) Check(name string) error {
-	if name != "fake" {
+	if name != "fake" && name != "fake2" { // fake2: the same program under another name
 		return session.Errorf(session.CodeBadRequest, "agent %s is not installed on this node; run: atrium agents install %s", name, name)
 	}
 	return nil
@@ -72,6 +73,7 @@ func (f *fakeAgents) Launch(name string, _ session.ID, ep compute.ModelEndpoints
 	}
 	f.launches.Add(1)
 	f.lastMode.Store(&mode)
+	f.lastName.Store(&name)
 	env := []string{"FAKE_ACP_STATE=/workspace/.fakeacp", "FAKE_TOKEN=" + ep.Token}
 	if f.load {
 		env = append(env, "FAKE_ACP_LOAD=1")

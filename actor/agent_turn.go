@@ -36,9 +36,10 @@ func (r *runner) execAgent() *turnExited {
 	// A sandbox that is new, asleep or about to be replaced has no live
 	// agent; one that was cancelled or failed is stopped now.
 	fresh := b.sb == nil || b.asleep || h.expired(b)
-	if p := b.agent; p != nil && (fresh || p.stale || p.dead() || p.mcp != mcpKey(a.mcp)) {
-		// A changed settings.mcp_servers restarts it too: they are given
-		// at session/new or session/load only.
+	if p := b.agent; p != nil && (fresh || p.stale || p.dead() || p.mcp != mcpKey(a.mcp) || p.name != a.name) {
+		// A changed settings.mcp_servers restarts it too (they are given
+		// at session/new or session/load only), and so does another
+		// agent (settings.agent).
 		p.kill()
 		b.agent = nil
 	}
@@ -102,6 +103,7 @@ func (r *runner) execAgent() *turnExited {
 			return agentFailed(session.CodeBadRequest, "the agent could not be started: "+err.Error())
 		}
 		b.agent = p
+		p.name = a.name
 		var stop *stopRequest
 		stop, rehydrate, err = r.openAgent(p, launch)
 		if stop != nil || err != nil {

@@ -25,7 +25,7 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 	p := c.Settings
 	if p.IsEmpty() {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest,
-			`settings: give "title" or "settings":{"permission_mode","turn_timeout","memory_bytes","pids","mcp_servers","setup"}`)))
+			`settings: give "title" or "settings":{"agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup"}`)))
 		return
 	}
 	next := s.metaNext
@@ -39,6 +39,10 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 			return
 		}
 		next.Title = *t
+	}
+	if err := s.h.limitSettings(&next, p); err != nil {
+		respond(msg, errorReply(err))
+		return
 	}
 	if m := p.PermissionMode; m != nil {
 		if next.Harness.Agent == "" {
@@ -69,10 +73,6 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		}
 		next.TurnTimeout = *d
 	}
-	if err := s.h.limitSettings(&next, p); err != nil {
-		respond(msg, errorReply(err))
-		return
-	}
 	s.metaNext = next
 	s.metaDirty = true
 	s.metaAfter = append(s.metaAfter, func(err error) {
@@ -95,8 +95,10 @@ func (s *sessionActor) turnTimeout() time.Duration {
 	return s.h.cfg.TurnTimeout
 }
 
-// limitSettings applies p's sandbox limits, MCP servers and setup command
-// to next, each within what the operator allows: memory and pids at most
+// limitSettings applies p's egress allowlist (as opEgress), agent (an
+// installed one; the session's agent process is replaced at the next turn
+// and re-hydrated), sandbox limits, MCP servers and setup command to next,
+// each within what the operator allows: memory and pids at most
 // the node's sandbox limits (forbidden beyond them, or when the node sets
 // none, naming the setting), MCP servers valid (session.ValidateMCPServers)
 // and those over http or sse reaching a host of the session's egress
@@ -112,6 +114,27 @@ func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error
 			return session.Errorf(session.CodeForbidden, "settings: %s %d is beyond this server's limit of %d (%s)", what, v, max, key)
 		}
 		return nil
+	}
+	if v := p.Egress; v != nil {
+		own, err := h.egress.check(*v)
+		if err != nil {
+			return err
+		}
+		next.Egress = own
+	}
+	if v := p.Agent; v != nil {
+		if *v == "" {
+			return session.Errorf(session.CodeBadRequest, "settings: agent must name an agent (atrium agents ls)")
+		}
+		if err := h.checkAgent(*v); err != nil {
+			return err
+		}
+		if *v != next.Harness.Agent {
+			// The new agent cannot load the old one's session: it is
+			// given the conversation from the history instead.
+			next.Harness = session.Harness{Agent: *v, PermissionMode: next.Harness.PermissionMode}
+			next.AgentSession = ""
+		}
 	}
 	if v := p.MemoryBytes; v != nil {
 		if err := limit("memory_bytes", "sandbox.memory_bytes", *v, h.cfg.SandboxSpec.MemoryBytes); err != nil {

@@ -124,3 +124,46 @@ func TestAgent_SettingsMCPServers(t *testing.T) {
 	rep = e.cmd(plain, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{MCPServers: &l}})
 	wantCode(t, "no agent", rep, session.CodeBadRequest, "mcp_servers are for agent sessions")
 }
+
+// TestAgent_SettingsAgentAndEgress: settings.agent switches the session to
+// another installed agent, started at the next turn and given the
+// conversation from the history (it cannot load the other agent's
+// session); an agent that is not installed is refused naming the install
+// command. settings.egress replaces the session's own allowlist within the
+// operator's permit list, in the same patch as an http MCP server on the
+// newly allowed host.
+func TestAgent_SettingsAgentAndEgress(t *testing.T) {
+	agents := &fakeAgents{dir: buildFakeAgent(t), load: true}
+	e := newEnv(t, withAgents(agents, &fakeModels{}), func(c *Config) { c.EgressPermit = []string{"*.example.com"} })
+	id := e.create("alice", agentSession())
+	w := e.watch(id)
+	if fin := agentRun(t, e, w, id, 1, "hello there"); fin.Status != session.TurnOK {
+		t.Fatalf("turn 1: %+v", fin)
+	}
+	str := func(s string) *string { return &s }
+	rep := e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Agent: str("nope")}})
+	wantCode(t, "not installed", rep, session.CodeBadRequest, "atrium agents install nope")
+	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Agent: str("fake2")}})
+	if rep.Error != nil || rep.Session == nil || rep.Session.Settings == nil || rep.Session.Settings.Agent != "fake2" {
+		t.Fatalf("switch agent: %+v", rep)
+	}
+	if fin := agentRun(t, e, w, id, 2, "recall"); fin.Status != session.TurnOK {
+		t.Fatalf("turn 2: %+v", fin)
+	}
+	if got := agents.lastName.Load(); got == nil || *got != "fake2" {
+		t.Errorf("turn 2 launched %v, want fake2", got)
+	}
+	if got := lastMessage(t, turnEvents(t, w, 2)); !strings.Contains(got, "User alice: hello there") {
+		t.Errorf("the new agent was not given the conversation: %q", got)
+	}
+
+	egress := []string{"docs.example.com"}
+	mcp := []session.MCPServer{{Name: "docs", Type: session.MCPHTTP, URL: "https://docs.example.com/mcp"}}
+	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Egress: &egress, MCPServers: &mcp}})
+	if rep.Error != nil || rep.Session == nil || len(rep.Session.Egress) != 1 || rep.Session.Settings == nil || len(rep.Session.Settings.MCPServers) != 1 {
+		t.Fatalf("egress and mcp_servers: %+v", rep)
+	}
+	bad := []string{"evil.test"}
+	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Egress: &bad}})
+	wantCode(t, "egress not permitted", rep, session.CodeBadRequest, "sandbox.egress_permit")
+}

@@ -14,7 +14,7 @@ import (
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"permission_mode", "turn_timeout", "memory_bytes", "pids", "mcp_servers", "setup"}
+var sessionSettingKeys = []string{"agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
@@ -29,7 +29,10 @@ var sessionSettingKeys = []string{"permission_mode", "turn_timeout", "memory_byt
 // http and sse shapes) are passed to the agent, restarted with them at its
 // next turn; settings.setup is a command run before a turn when the sandbox
 // is new or files were written. The Session object shows them back under
-// "settings". Unknown settings are refused by name.
+// "settings". settings.agent switches the session to another installed
+// agent (started and given the conversation from the history at the next
+// turn); settings.egress replaces its own egress allowlist (as PUT egress).
+// Unknown settings are refused by name.
 func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	id := session.ID(r.PathValue("id"))
 	var body api.SessionPatch
@@ -127,6 +130,23 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 			return nil, err
 		}
 		patch.MCPServers = &l
+	}
+	if raw, ok := settings["agent"]; ok {
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil || v == "" {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: agent must name an installed agent (atrium agents ls)")
+		}
+		patch.Agent = &v
+	}
+	if raw, ok := settings["egress"]; ok {
+		var l []string
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: egress must be a list of hosts, e.g. ["github.com","*.npmjs.org"]`)
+		}
+		if l == nil {
+			l = []string{}
+		}
+		patch.Egress = &l
 	}
 	if raw, ok := settings["setup"]; ok {
 		var v string

@@ -43,18 +43,21 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":   {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: permission_mode, turn_timeout, memory_bytes, pids, mcp_servers, setup)"},
-		"mcp server shape":   {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
-		"mcp server type":    {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
-		"mcp without url":    {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},
-		"negative memory":    {`{"settings":{"memory_bytes":-5}}`, "memory_bytes must be a number of bytes"},
-		"pids not a number":  {`{"settings":{"pids":"many"}}`, "pids must be a number"},
-		"setup not a string": {`{"settings":{"setup":["pip","install"]}}`, "setup must be a shell command string"},
-		"unknown field":      {`{"name":"x"}`, `unknown field "name"`},
-		"bad mode":           {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
-		"mode not a string":  {`{"settings":{"permission_mode":1}}`, "must be a string"},
-		"long title":         {`{"title":"` + strings.Repeat("t", session.MaxTitleBytes+1) + `"}`, "title is longer than"},
-		"nothing":            {`{}`, `body needs "title"`},
+		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup)"},
+		"mcp server shape":    {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
+		"mcp server type":     {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
+		"mcp without url":     {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},
+		"negative memory":     {`{"settings":{"memory_bytes":-5}}`, "memory_bytes must be a number of bytes"},
+		"pids not a number":   {`{"settings":{"pids":"many"}}`, "pids must be a number"},
+		"setup not a string":  {`{"settings":{"setup":["pip","install"]}}`, "setup must be a shell command string"},
+		"agent not a name":    {`{"settings":{"agent":""}}`, "agent must name an installed agent"},
+		"agent not installed": {`{"settings":{"agent":"nope"}}`, "atrium agents install nope"},
+		"egress not a list":   {`{"settings":{"egress":"github.com"}}`, "egress must be a list of hosts"},
+		"unknown field":       {`{"name":"x"}`, `unknown field "name"`},
+		"bad mode":            {`{"settings":{"permission_mode":"yolo"}}`, `not "yolo"`},
+		"mode not a string":   {`{"settings":{"permission_mode":1}}`, "must be a string"},
+		"long title":          {`{"title":"` + strings.Repeat("t", session.MaxTitleBytes+1) + `"}`, "title is longer than"},
+		"nothing":             {`{}`, `body needs "title"`},
 	} {
 		code, body := e.call("PATCH", path, "alice", c.body)
 		var eb session.ErrorBody
@@ -97,7 +100,7 @@ func TestPatchSession(t *testing.T) {
 		t.Fatalf("patch mcp_servers: %d %s", code, body)
 	}
 	if code, body := e.call("GET", path, "bob", nil); code != 200 || strings.Contains(string(body), "s3cret") ||
-		!strings.Contains(string(body), `"settings":{"permission_mode":"ask","turn_timeout":"5m0s","mcp_servers":[{"name":"files","command":"/bin/mcp","env":[{"name":"TOKEN","value":"(hidden)"}]}],"setup":"true"}`) {
+		!strings.Contains(string(body), `"settings":{"agent":"fake","permission_mode":"ask","turn_timeout":"5m0s","mcp_servers":[{"name":"files","command":"/bin/mcp","env":[{"name":"TOKEN","value":"(hidden)"}]}],"setup":"true"}`) {
 		t.Errorf("get with settings: %d %s", code, body)
 	}
 	if code, body := e.call("PATCH", path, "alice", `{"settings":{"memory_bytes":1048576}}`); code != http.StatusForbidden || !strings.Contains(string(body), "sandbox.memory_bytes") {

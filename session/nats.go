@@ -144,12 +144,17 @@ type SettingsPatch struct {
 	MCPServers *[]MCPServer `json:"mcp_servers,omitempty"`
 	// Setup replaces the setup command ("" removes it).
 	Setup *string `json:"setup,omitempty"`
+	// Egress replaces the session's own egress allowlist (as OpEgress).
+	Egress *[]string `json:"egress,omitempty"`
+	// Agent switches the session to another agent, started (and given the
+	// conversation from the history) at the next turn.
+	Agent *string `json:"agent,omitempty"`
 }
 
 // IsEmpty reports whether p changes nothing.
 func (p *SettingsPatch) IsEmpty() bool {
 	return p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil && p.MemoryBytes == nil &&
-		p.Pids == nil && p.MCPServers == nil && p.Setup == nil
+		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in

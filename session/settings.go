@@ -14,6 +14,8 @@ import (
 // are the node's. The values of MCP servers' env and headers are never
 // shown: they are replaced by RedactedValue.
 type Settings struct {
+	// Agent is the session's agent (DESIGN §6); "" for a harness session.
+	Agent          string `json:"agent,omitempty"`
 	PermissionMode string `json:"permission_mode,omitempty"`
 	// TurnTimeout is a duration ("10m").
 	TurnTimeout string `json:"turn_timeout,omitempty"`
@@ -31,7 +33,7 @@ type Settings struct {
 
 // IsZero reports whether s holds no setting.
 func (s *Settings) IsZero() bool {
-	return s == nil || s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 &&
+	return s == nil || s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 &&
 		len(s.MCPServers) == 0 && s.Setup == ""
 }
 
@@ -176,7 +178,7 @@ func ValidateSetup(cmd string) error {
 // them (MCP servers' env and header values hidden); nil when it has none.
 func SettingsOf(meta *Meta) *Settings {
 	s := &Settings{
-		PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, Setup: meta.Setup,
+		Agent: meta.Harness.Agent, PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, Setup: meta.Setup,
 	}
 	if meta.TurnTimeout > 0 {
 		s.TurnTimeout = time.Duration(meta.TurnTimeout).String()

@@ -31,6 +31,9 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
 		Long: `Without --set, prints the session's title. With --set, changes it (owner only):
 
   title=TEXT              the session's title (as 'atrium rename')
+  agent=NAME              switch to another installed agent (atrium agents
+                          ls); it starts at the next turn and is given the
+                          conversation from the history.
   permission_mode=MODE    an agent session's permission mode: ask, auto-edit
                           or auto. It takes effect the next time the agent is
                           started (a running agent keeps its mode).
@@ -42,6 +45,9 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
                           when the sandbox is next opened.
   pids=N                  the sandbox's process limit (0: the server's), at
                           most sandbox.pids.
+  egress=JSON             the session's own egress allowlist, a JSON list
+                          such as ["github.com","*.npmjs.org"], within the
+                          server's sandbox.egress_permit.
   mcp_servers=JSON        the MCP servers given to an agent session's agent,
                           in ACP's shapes, e.g.
                           [{"name":"files","command":"/opt/mcp/files","args":[],"env":[]}]
@@ -95,7 +101,7 @@ operator's limits, naming the limit.`,
 					return explain(err, conn.server)
 				}
 				fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
-				printSettings(env, s.Settings)
+				printSettings(env, &s)
 				return nil
 			}
 			s, err := c.PatchSession(cmd.Context(), id, patch)
@@ -103,9 +109,9 @@ operator's limits, naming the limit.`,
 				return explain(err, conn.server)
 			}
 			fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
-			for _, k := range []string{"memory_bytes", "pids", "mcp_servers", "setup"} {
+			for _, k := range []string{"agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup"} {
 				if _, ok := patch.Settings[k]; ok {
-					printSettings(env, s.Settings)
+					printSettings(env, &s)
 					break
 				}
 			}
@@ -118,7 +124,7 @@ operator's limits, naming the limit.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, permission_mode, turn_timeout, memory_bytes, pids, mcp_servers, setup")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup")
 	conn.register(cmd)
 	return cmd
 }
@@ -165,6 +171,12 @@ func settingValue(k, v string) (any, error) {
 			return nil, fmt.Errorf("--set pids=%s: want a number of processes", v)
 		}
 		return n, nil
+	case "egress":
+		var l []string
+		if err := json.Unmarshal([]byte(v), &l); err != nil {
+			return nil, fmt.Errorf("--set egress: want a JSON list such as [\"github.com\"] (%v)", err)
+		}
+		return l, nil
 	case "mcp_servers":
 		data := []byte(v)
 		if name, ok := strings.CutPrefix(v, "@"); ok {
@@ -207,9 +219,16 @@ units:
 }
 
 // printSettings prints the session's own settings, one per line.
-func printSettings(env *cliEnv, st *session.Settings) {
+func printSettings(env *cliEnv, s *session.Session) {
+	if len(s.Egress) > 0 {
+		fmt.Fprintf(env.stdout, "egress: %s\n", strings.Join(s.Egress, ", "))
+	}
+	st := s.Settings
 	if st == nil {
 		return
+	}
+	if st.Agent != "" {
+		fmt.Fprintf(env.stdout, "agent: %s\n", st.Agent)
 	}
 	if st.PermissionMode != "" {
 		fmt.Fprintf(env.stdout, "permission_mode: %s\n", st.PermissionMode)
