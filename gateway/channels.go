@@ -280,7 +280,7 @@ func (c chatTasks) StartTask(ctx context.Context, p session.Principal, req chann
 	if s.tasks == nil {
 		return "", channel.ErrNoTasks
 	}
-	t, err := s.tasks.Start(ctx, p, task.Request{Repo: req.Repo, Base: req.Base, Prompt: req.Prompt})
+	t, err := s.tasks.Start(ctx, p, task.Request{Repo: req.Repo, Base: req.Base, Prompt: req.Prompt, Agent: req.Agent})
 	if err != nil {
 		var se *session.Error
 		if errors.As(err, &se) && se.Code == session.CodeForbidden {

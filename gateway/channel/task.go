@@ -21,11 +21,14 @@ type Tasks interface {
 }
 
 // TaskRequest is what a person asked for with
-// "task REPO-URL [--base BRANCH] PROMPT".
+// "task REPO-URL [--base BRANCH] [--agent NAME] PROMPT".
 type TaskRequest struct {
 	Repo   string
 	Base   string
 	Prompt string
+	// Agent names the coding agent that works on the prompt (a session
+	// running it); empty: the prompt is a shell command.
+	Agent string
 }
 
 // DefaultTaskBase is the base branch of a task that names none.
@@ -38,7 +41,7 @@ var ErrNoTasks = errors.New("channel: repository tasks are not set up")
 // taskUsage is the reminder of how "task" is typed.
 func taskUsage(prefix string) string {
 	return fmt.Sprintf("Tell me the repository and what to do: “%stask https://github.com/acme/widgets --base main fix the flaky test”. "+
-		"--base is the branch the pull request merges into (default %s).", prefix, DefaultTaskBase)
+		"--base is the branch the pull request merges into (default %s); --agent claude has a coding agent do the work.", prefix, DefaultTaskBase)
 }
 
 // isTask reports whether a mention asks for a task: "task" followed by an
@@ -50,18 +53,32 @@ func isTask(text string) bool {
 	return strings.EqualFold(verb, "task") && (strings.HasPrefix(repo, "https://") || strings.HasPrefix(repo, "http://"))
 }
 
-// parseTask reads "REPO-URL [--base BRANCH] PROMPT"; ok false means args
-// do not have that shape.
+// parseTask reads "REPO-URL [--base BRANCH] [--agent NAME] PROMPT" (the
+// options in any order, also as --base=BRANCH); ok false means args do not
+// have that shape.
 func parseTask(args string) (TaskRequest, bool) {
 	repo, rest := cutWord(args)
 	req := TaskRequest{Repo: unlink(repo), Base: DefaultTaskBase}
-	if w, after := cutWord(rest); w == "--base" {
-		req.Base, rest = cutWord(after)
-	} else if b, ok := strings.CutPrefix(w, "--base="); ok {
-		req.Base, rest = b, after
+	for {
+		w, after := cutWord(rest)
+		name, value, inline := strings.Cut(w, "=")
+		var dst *string
+		switch name {
+		case "--base":
+			dst = &req.Base
+		case "--agent":
+			dst = &req.Agent
+		}
+		if dst == nil {
+			break
+		}
+		if !inline {
+			value, after = cutWord(after)
+		}
+		*dst, rest = value, after
 	}
 	req.Prompt = strings.TrimSpace(rest)
-	return req, req.Repo != "" && req.Base != "" && req.Prompt != ""
+	return req, req.Repo != "" && req.Base != "" && req.Prompt != "" && !strings.HasPrefix(req.Agent, "-")
 }
 
 // cutWord returns the first word of s and the rest, without the spaces

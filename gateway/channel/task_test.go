@@ -8,9 +8,9 @@ func TestParseTask(t *testing.T) {
 		want TaskRequest
 		ok   bool
 	}{
-		{"https://github.com/acme/widgets fix it", TaskRequest{"https://github.com/acme/widgets", "main", "fix it"}, true},
-		{"<https://github.com/acme/widgets>  --base develop\nfix it\nand test", TaskRequest{"https://github.com/acme/widgets", "develop", "fix it\nand test"}, true},
-		{"<https://github.com/acme/widgets|acme/widgets> --base=v2 go", TaskRequest{"https://github.com/acme/widgets", "v2", "go"}, true},
+		{"https://github.com/acme/widgets fix it", TaskRequest{"https://github.com/acme/widgets", "main", "fix it", ""}, true},
+		{"<https://github.com/acme/widgets>  --base develop\nfix it\nand test", TaskRequest{"https://github.com/acme/widgets", "develop", "fix it\nand test", ""}, true},
+		{"<https://github.com/acme/widgets|acme/widgets> --base=v2 go", TaskRequest{"https://github.com/acme/widgets", "v2", "go", ""}, true},
 		{"https://github.com/acme/widgets", TaskRequest{}, false},
 		{"https://github.com/acme/widgets --base develop", TaskRequest{}, false},
 		{"", TaskRequest{}, false},
