@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/nats-io/nats.go"
 )
@@ -96,15 +97,15 @@ type activation struct {
 	openErr   error       // why activation failed
 	deleteMsg *nats.Msg   // the delete request, answered once the session is removed
 
-	// illegal, if set, is told of a move phaseMoves does not list (a bug);
+	// log, if set, is told of a move phaseMoves does not list (a bug);
 	// the move is made anyway, as it was before the table existed.
-	illegal func(from, to phase)
+	log *slog.Logger
 }
 
 // move sets the phase to p, reporting a move phaseMoves does not allow.
 func (a *activation) move(p phase) {
-	if !canMove(a.phase, p) && a.illegal != nil {
-		a.illegal(a.phase, p)
+	if !canMove(a.phase, p) && a.log != nil {
+		a.log.Error("bug: a session moved between phases that do not connect", "from", a.phase, "to", p)
 	}
 	a.phase = p
 }

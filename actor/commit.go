@@ -93,19 +93,39 @@ type commitLog interface {
 	SetMeta(ctx context.Context, m session.Meta) error
 }
 
-// commitDeps is what a committer's goroutine uses besides the history.
-type commitDeps struct {
-	hist commitLog
-	// check, if set, returns an error once this node may no longer publish
+// commitTarget is where a committer's goroutine publishes and reports: the
+// session (sessionCommits) in production, a fake in tests.
+type commitTarget interface {
+	// checkOwner returns an error once this node may no longer publish
 	// the session's events (its lease may be lost).
-	check func() error
+	checkOwner() error
 	// capture publishes committed events, and the metadata written with
 	// them if any, to the events stream; it returns the stream sequence of
 	// the last one stored.
-	capture func(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error)
+	capture(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error)
 	// report delivers the outcome of a commit to the actor.
-	report func(*committed)
+	report(*committed)
 }
+
+// sessionCommits is the commitTarget of a session actor's committer.
+type sessionCommits struct {
+	s     *sessionActor
+	epoch string
+	owner *lease // read on the actor's goroutine; its check is safe from any
+}
+
+func (t *sessionCommits) checkOwner() error {
+	if t.owner == nil {
+		return nil
+	}
+	return t.owner.check()
+}
+
+func (t *sessionCommits) capture(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error) {
+	return t.s.h.captureEvents(ctx, t.s.id, t.epoch, evs, m)
+}
+
+func (t *sessionCommits) report(m *committed) { t.s.send(m) }
 
 // newCommitter returns a committer whose capture runs under a child of
 // ctx; run is its goroutine.
@@ -117,25 +137,13 @@ func newCommitter(ctx context.Context) *committer {
 
 func (s *sessionActor) startCommitter(hist History) *committer {
 	c := newCommitter(s.h.ctx)
-	id, epoch := s.id, s.meta.Epoch
-	d := commitDeps{
-		hist: hist,
-		capture: func(ctx context.Context, evs []session.Stored, m *session.Meta) (uint64, error) {
-			return s.h.captureEvents(ctx, id, epoch, evs, m)
-		},
-		report: func(m *committed) { s.send(m) },
-	}
-	// The lease is read here, on the actor's goroutine; its check method
-	// is safe from the committer's.
-	if owner := s.lease; owner != nil {
-		d.check = owner.check
-	}
-	s.spawn(func() { c.run(d) })
+	t := &sessionCommits{s: s, epoch: s.meta.Epoch, owner: s.lease}
+	s.spawn(func() { c.run(hist, t) })
 	return c
 }
 
 // run is the committer's goroutine: it commits what is queued until stop.
-func (c *committer) run(d commitDeps) {
+func (c *committer) run(hist commitLog, t commitTarget) {
 	defer close(c.done)
 	defer c.abort()
 	evs := make([]session.Stored, 0, maxBatch)
@@ -181,9 +189,9 @@ func (c *committer) run(d commitDeps) {
 				// than the insert itself; and SQLite could not
 				// interrupt a write stuck in the kernel anyway.
 				ctx := context.Background()
-				res.err = d.hist.Append(ctx, evs)
+				res.err = hist.Append(ctx, evs)
 				if res.err == nil && meta != nil {
-					res.metaErr = d.hist.SetMeta(ctx, *meta)
+					res.metaErr = hist.SetMeta(ctx, *meta)
 				}
 				if res.err == nil {
 					// Durable here; reported (and acknowledged) once
@@ -196,15 +204,12 @@ func (c *committer) run(d commitDeps) {
 					if res.metaErr == nil {
 						m = meta
 					}
-					if d.check != nil {
-						res.err = d.check()
-					}
-					if res.err == nil {
+					if res.err = t.checkOwner(); res.err == nil {
 						// Never published once the lease may be lost
 						// (checked above): the next owner may already
 						// be replaying. captureEvents checks again
 						// before every attempt.
-						top, res.err = d.capture(c.ctx, evs, m)
+						top, res.err = t.capture(c.ctx, evs, m)
 					}
 					if top > c.acked.Load() {
 						c.acked.Store(top)
@@ -217,7 +222,7 @@ func (c *committer) run(d commitDeps) {
 					c.failed, c.failedGen = true, res.batches[len(res.batches)-1].gen
 				}
 			}
-			d.report(res)
+			t.report(res)
 		}
 	}
 }

@@ -60,8 +60,8 @@ func (l *memLog) written() []session.Seq {
 	return slices.Clone(l.seqs)
 }
 
-// committerRig runs a committer over a memLog and a fake capture that
-// numbers the stream sequence by event.
+// committerRig runs a committer over a memLog; it is the committer's
+// commitTarget, with a capture that numbers the stream sequence by event.
 type committerRig struct {
 	c       *committer
 	log     *memLog
@@ -75,36 +75,36 @@ type committerRig struct {
 	checkErr   error
 }
 
+func (r *committerRig) checkOwner() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.checkErr
+}
+
+func (r *committerRig) capture(_ context.Context, evs []session.Stored, m *session.Meta) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.captureErr != nil {
+		return 0, r.captureErr
+	}
+	for _, ev := range evs {
+		r.captured = append(r.captured, ev.Seq)
+	}
+	r.metaSeen = append(r.metaSeen, m)
+	r.stream += uint64(len(evs))
+	return r.stream, nil
+}
+
+func (r *committerRig) report(m *committed) { r.reports <- m }
+
 func newCommitterRig(tb testing.TB, log *memLog) *committerRig {
 	tb.Helper()
 	r := &committerRig{log: log, reports: make(chan *committed, 64)}
 	r.c = newCommitter(context.Background())
-	d := commitDeps{
-		hist: log,
-		check: func() error {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			return r.checkErr
-		},
-		capture: func(_ context.Context, evs []session.Stored, m *session.Meta) (uint64, error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if r.captureErr != nil {
-				return 0, r.captureErr
-			}
-			for _, ev := range evs {
-				r.captured = append(r.captured, ev.Seq)
-			}
-			r.metaSeen = append(r.metaSeen, m)
-			r.stream += uint64(len(evs))
-			return r.stream, nil
-		},
-		report: func(m *committed) { r.reports <- m },
-	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.c.run(d)
+		r.c.run(log, r)
 	}()
 	tb.Cleanup(func() {
 		if log.gate != nil {
@@ -277,7 +277,8 @@ func TestCommitter_Meta(t *testing.T) {
 
 func TestCommitter_StopCommitsWhatIsQueued(t *testing.T) {
 	log := &memLog{}
-	reports := make(chan *committed, 8)
+	rig := &committerRig{log: log, reports: make(chan *committed, 8)}
+	reports := rig.reports
 	c := newCommitter(context.Background())
 	for i := range 3 {
 		c.add(testBatch(0, session.Seq(i+1)))
@@ -285,8 +286,7 @@ func TestCommitter_StopCommitsWhatIsQueued(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.run(commitDeps{hist: log, capture: func(context.Context, []session.Stored, *session.Meta) (uint64, error) { return 0, nil },
-			report: func(m *committed) { reports <- m }})
+		c.run(log, rig)
 	}()
 	c.stop()
 	<-done

@@ -173,9 +173,7 @@ func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
 		log:        h.log.With("session", id),
 		sandboxUse: sandboxUse{sandboxState: session.SandboxNone},
 	}
-	s.illegal = func(from, to phase) {
-		s.log.Error("bug: a session moved between phases that do not connect", "from", from, "to", to)
-	}
+	s.activation.log = s.log
 	return s
 }
 
