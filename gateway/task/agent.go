@@ -288,8 +288,10 @@ func writeTarGz(w io.Writer, dir string) error {
 }
 
 // extractTarGz unpacks a workspace archive into dir, leaving out anything
-// under .git. It writes through an os.Root, so no entry (a "..", an
-// absolute name, a symbolic link in the path) can reach outside dir.
+// with a .git component (the workspace's repository, and nested ones whose
+// config or hooks git would otherwise read here). It writes through an
+// os.Root, so no entry (a "..", an absolute name, a symbolic link in the
+// path) can reach outside dir.
 func extractTarGz(r io.Reader, dir string) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -310,7 +312,7 @@ func extractTarGz(r io.Reader, dir string) error {
 			return fmt.Errorf("the archive is damaged: %w", err)
 		}
 		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
-		if name == "." || name == ".git" || strings.HasPrefix(name, ".git/") {
+		if name == "." || hasGitComponent(name) {
 			continue
 		}
 		if path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
@@ -348,6 +350,17 @@ func extractTarGz(r io.Reader, dir string) error {
 			}
 		}
 	}
+}
+
+// hasGitComponent reports whether a slash-separated path has a component
+// git reserves (".git", in any case).
+func hasGitComponent(name string) bool {
+	for c := range strings.SplitSeq(name, "/") {
+		if strings.EqualFold(c, ".git") {
+			return true
+		}
+	}
+	return false
 }
 
 // agentResult is the outcome of an agent task's turn: an agent reports no

@@ -84,6 +84,9 @@ func TestArchive_Escapes(t *testing.T) {
 			&tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: outside}, "",
 			&tar.Header{Name: "out/evil", Typeflag: tar.TypeReg, Mode: 0o644}, "x"),
 		"git hook": tarGz(t, &tar.Header{Name: ".git/hooks/pre-commit", Typeflag: tar.TypeReg, Mode: 0o755}, "#!/bin/sh\ntouch "+outside+"/evil\n"),
+		"nested repository": tarGz(t,
+			&tar.Header{Name: "sub/.git/config", Typeflag: tar.TypeReg, Mode: 0o644}, "[core]\n\tfsmonitor = touch "+outside+"/evil\n",
+			&tar.Header{Name: "sub/.GIT", Typeflag: tar.TypeReg, Mode: 0o644}, "gitdir: /\n"),
 	}
 	for name, archive := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -95,8 +98,10 @@ func TestArchive_Escapes(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "evil")); err == nil {
 				t.Fatal("an entry was written next to the clone")
 			}
-			if _, err := os.Stat(filepath.Join(dst, ".git")); err == nil {
-				t.Fatal("an entry under .git was unpacked")
+			for _, p := range []string{".git", "sub/.git", "sub/.GIT"} {
+				if _, err := os.Stat(filepath.Join(dst, p)); err == nil {
+					t.Fatalf("%s was unpacked", p)
+				}
 			}
 		})
 	}
