@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -140,7 +141,7 @@ func (s *Server) watchCatalog() {
 // back to min once it did. The first failure in a row is logged at warn as
 // msg, the next ones at debug.
 func (s *Server) keepWatching(minDelay, maxDelay time.Duration, follow func() (ok bool, err error), stopped func(), msg string) {
-	delay := minDelay
+	policy := retry.Policy{Min: minDelay, Max: maxDelay}
 	for failures := 1; ; failures++ {
 		ok, err := follow()
 		stopped()
@@ -148,8 +149,9 @@ func (s *Server) keepWatching(minDelay, maxDelay time.Duration, follow func() (o
 			return
 		}
 		if ok {
-			delay, failures = minDelay, 1
+			failures = 1
 		}
+		delay := policy.Delay(failures)
 		level := slog.LevelWarn // once, then quieter until it has worked again
 		if failures > 1 {
 			level = slog.LevelDebug
@@ -162,7 +164,6 @@ func (s *Server) keepWatching(minDelay, maxDelay time.Duration, follow func() (o
 			return
 		case <-t.C:
 		}
-		delay = min(2*delay, maxDelay)
 	}
 }
 

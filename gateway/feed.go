@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 	"github.com/coder/websocket"
 )
 
@@ -14,10 +15,10 @@ import (
 // its reply under NATS's max payload.
 const historyPageLimit = 1000
 
-// History reads are retried after historyBackoff, doubling each time: up to
-// maxHistoryRetries times when the node refuses them with too_many_requests,
-// and up to maxLagRetries times when its history lags behind the live events
-// (about 150 ms in all).
+// History reads are retried after historyBackoff (jittered up to twice it),
+// doubling each time: up to maxHistoryRetries times when the node refuses
+// them with too_many_requests, and up to maxLagRetries times when its
+// history lags behind the live events (150 to 300 ms in all).
 const (
 	historyBackoff    = 10 * time.Millisecond
 	maxHistoryRetries = 8
@@ -127,9 +128,14 @@ func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, err
 	}
 }
 
-// pause waits before retry number try: historyBackoff, doubling each time.
+// historyRetry paces history retries (session/retry's policy): waits from
+// historyBackoff·[1, 2] doubling up to 2^maxHistoryRetries times that, so
+// that no wait is shorter than the historyBackoff·2^try of before.
+var historyRetry = retry.Policy{Min: 2 * historyBackoff, Max: historyBackoff << (maxHistoryRetries + 1)}
+
+// pause waits before retry number try (from 0), by historyRetry.
 func pause(ctx context.Context, try int) error {
-	t := time.NewTimer(historyBackoff << try)
+	t := time.NewTimer(historyRetry.Delay(try + 1))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -72,8 +73,8 @@ func natsError(err error) error {
 // it is safe to repeat (see repeatable), and answered unavailable otherwise.
 func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, cmd session.Command, activate bool) (*session.Reply, error) {
 	placeDeadline := time.Now().Add(placeRetryFor)
-	placeBackoff := minPlaceBackoff
-	failovers := 0
+	placeRetry := retry.Policy{Min: minPlaceBackoff, Max: maxPlaceBackoff}
+	places, failovers := 0, 0
 	for attempt := 0; ; attempt++ {
 		reply, err := s.requestCmd(ctx, p, id, cmd)
 		if errors.Is(err, errNodeGone) {
@@ -115,10 +116,10 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			// session over, or died and its lease has yet to expire), or
 			// the node that answered is shutting down: wait and retry.
 			attempt--
-			if werr := s.waitPlaceRetry(ctx, id, placeBackoff); werr != nil {
+			places++
+			if werr := s.waitPlaceRetry(ctx, id, placeRetry.Delay(places)); werr != nil {
 				return nil, natsError(werr)
 			}
-			placeBackoff = min(2*placeBackoff, maxPlaceBackoff)
 			continue
 		}
 		if err != nil {

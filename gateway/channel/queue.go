@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // job is one delivery: a message to post or edit, a file, a webhook call.
@@ -26,9 +26,10 @@ type job struct {
 	run  func(ctx context.Context) error
 }
 
-// Backoff tunes retries of failed deliveries: the first retry waits Min,
-// each next one twice as long up to Max, with ±20% jitter. A platform that
-// says when to come back (429 with Retry-After) is obeyed instead.
+// Backoff tunes retries of failed deliveries by Atrium's one backoff policy
+// (session/retry): the first retry waits Min, each next one twice as long up
+// to Max, each jittered to between half and all of it. A platform that says
+// when to come back (429 with Retry-After) is obeyed instead.
 type Backoff struct {
 	Min, Max time.Duration
 	// Attempts bounds the tries of a job before it is dropped; 0 means no
@@ -41,12 +42,7 @@ func (b Backoff) delay(attempt int, err error) time.Duration {
 	if errors.As(err, &ra) && ra.RetryAfter() > 0 {
 		return ra.RetryAfter()
 	}
-	d := b.Min
-	for i := 0; i < attempt && d < b.Max; i++ {
-		d *= 2
-	}
-	d = min(d, b.Max)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return retry.Policy{Min: b.Min, Max: b.Max}.Delay(attempt + 1)
 }
 
 // queue runs jobs one at a time in the order they were pushed, retrying

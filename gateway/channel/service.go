@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -431,28 +432,30 @@ func (s *Service) watchCatalog() {
 // watch runs a KV watcher until the service closes, restarting it with
 // backoff when it fails.
 func (s *Service) watch(what string, open func() (jetstream.KeyWatcher, error), apply func(jetstream.KeyValueEntry)) {
-	delay := watchRetryMin
-	for failures := 0; ; failures++ {
+	policy := retry.Policy{Min: watchRetryMin, Max: watchRetryMax}
+	failures := 0 // in a row: reset by follow when the watcher delivers
+	for n := 0; ; n++ {
 		w, err := open()
 		if err == nil {
-			err = s.follow(w, apply, &delay)
+			err = s.follow(w, apply, &failures)
 		}
+		failures++
+		delay := policy.Delay(failures)
 		if s.ctx.Err() != nil {
 			return
 		}
 		level := slog.LevelDebug
-		if failures == 0 {
+		if n == 0 {
 			level = slog.LevelWarn
 		}
 		s.log.Log(s.ctx, level, "channel: watcher stopped: restarting", "watch", what, "retry_in", delay, "err", err)
 		if !sleep(s.ctx, delay) {
 			return
 		}
-		delay = min(2*delay, watchRetryMax)
 	}
 }
 
-func (s *Service) follow(w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry), delay *time.Duration) error {
+func (s *Service) follow(w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry), failures *int) error {
 	defer func() { _ = w.Stop() }()
 	for {
 		select {
@@ -462,7 +465,7 @@ func (s *Service) follow(w jetstream.KeyWatcher, apply func(jetstream.KeyValueEn
 			if !ok {
 				return errors.New("watcher ended")
 			}
-			*delay = watchRetryMin
+			*failures = 0
 			if e != nil {
 				apply(e)
 			}
