@@ -232,6 +232,22 @@ func testStoreFull(t *testing.T, data, histDir string, guardRestarts bool) {
 	t.Logf("served again: prompt at seq %d", seq)
 	waitTurnFinishedAfter(t, e, id, seq)
 	checkHistory(t, e, id)
+	if guardRestarts {
+		// The session says in its history why prompts were refused.
+		said := false
+		for _, raw := range e.history(id, "alice") {
+			var ev session.Event
+			var d session.ErrorData
+			if json.Unmarshal(raw, &ev) == nil && ev.Kind == session.KindError && json.Unmarshal(ev.Data, &d) == nil &&
+				strings.Contains(d.Message, "could not be stored") && strings.Contains(d.Message, "out of space") {
+				said = true
+				t.Logf("error event at seq %d: %s", ev.Seq, d.Message)
+			}
+		}
+		if !said {
+			t.Error("no error event in the history says the events could not be stored for the full store")
+		}
+	}
 }
 
 // waitTurnFinishedAfter waits until the history has a turn_finished after

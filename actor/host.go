@@ -265,6 +265,10 @@ type Host struct {
 	// renewer.
 	node     *nodeLease
 	stopNode chan struct{}
+	// storeFullStops maps a session stopped because the JetStream store
+	// was full to a storeFullStop, said in an error event once it is
+	// served again (lease.go, takeover.go).
+	storeFullStops sync.Map
 
 	leaseMu sync.Mutex
 	leases  map[session.ID]*lease // guarded by leaseMu: the sessions held

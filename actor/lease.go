@@ -687,6 +687,13 @@ func openEvents(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetst
 	return st, nil
 }
 
+// storeFullStop is why and when a session stopped because the JetStream
+// store was full (Host.storeFullStops).
+type storeFullStop struct {
+	at  time.Time
+	why string
+}
+
 // onLeaseLost stops the session at once: its lease could not be renewed in
 // time (the node is cut off from NATS) or a newer owner fenced it. The turn
 // is killed, the Cmd subscription dropped, pending commits abandoned (the
@@ -701,8 +708,10 @@ func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
 	s.log.Error("stopping the session: this node no longer owns it", "why", why, "fence", s.fence)
 	s.openErr = session.Errorf(session.CodeUnavailable, "this node no longer owns session %s; retry", s.id)
 	if err := s.h.storeFull(); err != nil {
-		// Stopped because its events cannot be stored: say why.
+		// Stopped because its events cannot be stored: say why, now to
+		// the callers and in the session once it is served again.
 		s.openErr = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, err)
+		s.h.storeFullStops.LoadOrStore(s.id, storeFullStop{at: time.Now(), why: err.Error()})
 	}
 	s.teardownNow("ownership lost")
 	s.h.metrics.leaseLost.Inc()

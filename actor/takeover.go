@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -44,13 +45,22 @@ var errDiverged = errors.New("the local history diverged from the events stream"
 
 // bringUpToDate opens id's history, making it agree with the events stream
 // first (see above).
-func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (_ History, err error) {
+func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (History, error) {
+	hist, err := s.syncWithStream(ctx, continued)
+	if err != nil {
+		return hist, err
+	}
+	s.h.markCurrent(s.id)
+	if err := s.sayStoreFullStop(ctx, hist); err != nil {
+		return nil, err
+	}
+	return hist, nil
+}
+
+// syncWithStream opens id's history and makes it agree with the events
+// stream (see above).
+func (s *sessionActor) syncWithStream(ctx context.Context, continued bool) (History, error) {
 	h := s.h
-	defer func() {
-		if err == nil {
-			h.markCurrent(s.id)
-		}
-	}()
 	if continued {
 		// This node released the lease last and nobody held it since:
 		// everything it committed was captured before it let go, so the
@@ -90,6 +100,47 @@ func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (_ His
 		hist.Close()
 	}
 	return s.restore(ctx, last)
+}
+
+// storeFullSaidWithin bounds how long after a stop for a full store its
+// error event is still written (sayStoreFullStop).
+const storeFullSaidWithin = time.Hour
+
+// sayStoreFullStop records, in an error event after the last, that the
+// session stopped on this node because the JetStream store was full, if it
+// did: the prompts sent meanwhile were refused, and a reader of the history
+// sees why. A stop older than storeFullSaidWithin is not said: the session
+// may have been served elsewhere since.
+func (s *sessionActor) sayStoreFullStop(ctx context.Context, hist History) error {
+	v, ok := s.h.storeFullStops.LoadAndDelete(s.id)
+	if !ok || hist == nil {
+		return nil
+	}
+	stop := v.(storeFullStop)
+	if time.Since(stop.at) > storeFullSaidWithin {
+		return nil
+	}
+	m, err := hist.Meta(ctx)
+	if err == nil {
+		var last session.Seq
+		if last, err = hist.LastSeq(ctx); err == nil {
+			ev := encodeEvent(last+1, m.Epoch, time.Now().UTC(), session.KindError, session.BySystem, mustMarshal(session.ErrorData{
+				Code: session.CodeUnavailable,
+				Message: fmt.Sprintf("from %s this session's events could not be stored (%s); prompts sent until now were refused and can be sent again",
+					stop.at.UTC().Format(time.RFC3339), stop.why),
+			}))
+			if err = hist.Append(ctx, []session.Stored{ev}); err == nil {
+				if _, err = s.h.captureEvents(ctx, s.id, m.Epoch, []session.Stored{ev}, nil); err != nil {
+					err = session.Errorf(session.CodeUnavailable, "record the full store: %v", err)
+				}
+			}
+		}
+	}
+	if err != nil {
+		hist.Close()
+		return err
+	}
+	return nil
 }
 
 // reconcile brings an open local history up to date with the stream whose
