@@ -40,8 +40,8 @@ type eventLog struct {
 	closing   *committer
 }
 
-// restore starts numbering after the last event of an opened history.
-func (l *eventLog) restore(meta session.Meta, last session.Seq, lastTime *session.Time, maxData int) {
+// resume starts numbering after the last event of an opened history.
+func (l *eventLog) resume(meta session.Meta, last session.Seq, lastTime *session.Time, maxData int) {
 	l.meta, l.metaNext = meta, meta
 	l.durable, l.nextSeq = last, last+1
 	l.lastActivity = lastTime

@@ -13,7 +13,7 @@ import (
 func newTestLog(tb testing.TB, last session.Seq) *eventLog {
 	tb.Helper()
 	l := &eventLog{}
-	l.restore(session.Meta{ID: "s1", Epoch: "ep1", Title: "t"}, last, nil, 1<<20)
+	l.resume(session.Meta{ID: "s1", Epoch: "ep1", Title: "t"}, last, nil, 1<<20)
 	return l
 }
 

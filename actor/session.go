@@ -689,8 +689,8 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 	s.info.opened.Store(true)
 	s.hist, s.sub = ho.hist, ho.sub
 	s.lease, s.fence = ho.lease, ho.lease.fence
-	s.eventLog.restore(ho.open.meta, ho.open.last, ho.open.lastTime, maxEventData(s.h.cfg.NATS))
-	s.turnQueue.restore(ho.open.lastTurn, ho.open.queue, ho.open.prev, ho.open.prompted)
+	s.eventLog.resume(ho.open.meta, ho.open.last, ho.open.lastTime, maxEventData(s.h.cfg.NATS))
+	s.turnQueue.resume(ho.open.lastTurn, ho.open.queue, ho.open.prev, ho.open.prompted)
 	s.sandboxState = ho.open.sandbox
 	s.box = s.h.boxes.lookup(s.id)
 	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {

@@ -28,7 +28,7 @@ func TestSessionActor_IdleAndQuiet(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			s := &sessionActor{}
-			s.eventLog.restore(session.Meta{Epoch: "e"}, 1, nil, 1<<20)
+			s.eventLog.resume(session.Meta{Epoch: "e"}, 1, nil, 1<<20)
 			s.phase = phaseActive
 			tc.set(s)
 			if got := s.idle(); got != tc.idle {

@@ -22,10 +22,10 @@ type turnQueue struct {
 	traces turnTraces // links turns to the commands that queued them
 }
 
-// restore starts the queue of an opened history: turns are numbered after
+// resume starts the queue of an opened history: turns are numbered after
 // lastTurn, queue holds the acknowledged prompts whose turn has not started,
 // and prompted says the history holds prompts recent does not know.
-func (q *turnQueue) restore(lastTurn int64, queue []session.Prompt, prev *previousTurn, prompted bool) {
+func (q *turnQueue) resume(lastTurn int64, queue []session.Prompt, prev *previousTurn, prompted bool) {
 	q.turns.Restore(lastTurn)
 	for _, p := range queue {
 		q.turns.Enqueue(p)

@@ -9,7 +9,7 @@ import (
 func TestTurnQueue_RestoreAndRun(t *testing.T) {
 	var q turnQueue
 	prev := &previousTurn{Turn: 4, Status: session.TurnOK}
-	q.restore(4, []session.Prompt{{Seq: 20, Text: "a", By: "alice"}, {Seq: 21, Text: "b", By: "bob"}}, prev, true)
+	q.resume(4, []session.Prompt{{Seq: 20, Text: "a", By: "alice"}, {Seq: 21, Text: "b", By: "bob"}}, prev, true)
 	if q.idle() || q.turns.Queued() != 2 || q.prev != prev || !q.recent.partial {
 		t.Fatalf("restored: idle %v queued %d prev %v partial %v", q.idle(), q.turns.Queued(), q.prev, q.recent.partial)
 	}
