@@ -130,15 +130,22 @@ func readTokenFile(path string) (string, error) {
 
 func newVMHostImageCmd(env *cliEnv) *cobra.Command {
 	img := &cobra.Command{Use: "image", Short: "Manage the VM host's guest image"}
-	var dir, atrium string
+	var dir, atrium, agentsDir, node string
 	build := &cobra.Command{
-		Use:   "build --dir D",
+		Use:   "build --dir D [--agents DIR]",
 		Short: "Build the guest image (kernel and initramfs) from Debian packages",
 		Long: `Build the guest image from Debian packages only: apt-get download of Debian's cloud
 kernel, busybox-static and bubblewrap with its libraries, and an initramfs holding
 them, a static atrium (--atrium, default this executable when statically linked) and
 an init that runs 'atrium sandbox-agent'. The same inputs give the same image; an
-image already built from them is kept.`,
+image already built from them is kept.
+
+With --agents (a node's agents install: DATA_DIR/agents after 'atrium agents install',
+/var/cache/atrium-agents in CI), the image also gets a read-only tools disk holding
+those agents and node (--node, default the node on PATH), which every VM mounts at
+` + vmhost.ToolsPath + ` (node also at /usr/local/bin/node).`,
+		Example: `  atrium vmhost image build --dir /var/lib/atrium-vmhost
+  atrium vmhost image build --dir /var/lib/atrium-vmhost --agents /var/lib/atrium/agents`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if atrium == "" {
@@ -151,12 +158,15 @@ image already built from them is kept.`,
 				}
 				atrium = exe
 			}
-			_, err := vmhost.Build(cmd.Context(), vmhost.BuildConfig{Dir: dir, Atrium: atrium, Version: buildVersion(), Progress: env.stderr})
+			_, err := vmhost.Build(cmd.Context(), vmhost.BuildConfig{Dir: dir, Atrium: atrium, Version: buildVersion(),
+				Agents: agentsDir, Node: node, Progress: env.stderr})
 			return err
 		},
 	}
 	build.Flags().StringVar(&dir, "dir", defaultVMHostDir, "directory of the image")
 	build.Flags().StringVar(&atrium, "atrium", "", "static atrium binary for the guest (default: this executable)")
+	build.Flags().StringVar(&agentsDir, "agents", "", "a node's agents install to put on the image's tools disk, with node")
+	build.Flags().StringVar(&node, "node", "", "node binary for the tools disk (default: node on PATH)")
 	img.AddCommand(build)
 	return img
 }

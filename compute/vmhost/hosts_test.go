@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -51,10 +52,22 @@ func vmOf(srv *vmhost.Server, id session.ID) (vmhost.VMStatus, bool) {
 	return vmhost.VMStatus{}, false
 }
 
+// guestSkew is how far the guest's clock is off the host's.
+func guestSkew(t *testing.T, sb compute.Sandbox) time.Duration {
+	t.Helper()
+	out := strings.TrimSpace(computetest.ShOK(t, sb, "date +%s"))
+	var secs int64
+	if _, err := fmt.Sscan(out, &secs); err != nil {
+		t.Fatalf("date +%%s: %q", out)
+	}
+	return time.Since(time.Unix(secs, 0)).Abs()
+}
+
 // TestVMHosts runs sandboxes on two VM hosts of one VM each, as a node
 // configured with both does: placement by free capacity, refusal when both
 // are full, sleep that keeps a running command (the VM saved to the host's
-// disk and restored), and a dead host's sandbox recreated on the other.
+// disk and restored with the kernel, the workspace and the host's time),
+// and a dead host's sandbox recreated on the other.
 func TestVMHosts(t *testing.T) {
 	srvA, hsA := newHost(t, vmhost.Config{MaxVMs: 1})
 	srvB, hsB := newHost(t, vmhost.Config{MaxVMs: 1})
@@ -109,12 +122,19 @@ func TestVMHosts(t *testing.T) {
 		}
 	}
 	say("a", "1 a")
+	if d := guestSkew(t, s1); d > 3*time.Second {
+		t.Fatalf("the clone's clock is %v off the host's", d)
+	}
+	upBefore := guestUptime(t, s1)
 	if err := s1.Sleep(ctx); err != nil {
 		t.Fatalf("sleep: %v", err)
 	}
 	if v, _ := vmOf(srvA, s1ID); v.State != "sleeping" || v.RSSBytes != 0 {
 		t.Fatalf("VM after sleep: %+v; want sleeping, no process", v)
 	}
+	// Time passes while the VM sleeps: its clock stands still, and the
+	// wake sets it.
+	time.Sleep(5 * time.Second)
 	start := time.Now()
 	if got := strings.TrimSpace(computetest.ShOK(t, s1, "cat /workspace/note")); got != "kept" {
 		t.Fatalf("after wake /workspace/note holds %q", got)
@@ -123,6 +143,14 @@ func TestVMHosts(t *testing.T) {
 	say("b", "2 b") // The same process: its count went on.
 	if v, _ := vmOf(srvA, s1ID); v.State != "running" {
 		t.Fatalf("VM after wake: %+v", v)
+	}
+	// The same kernel runs on (its uptime went on, the seconds asleep not
+	// counted), with the host's time.
+	if up := guestUptime(t, s1); up < upBefore || up > upBefore+5 {
+		t.Fatalf("the guest's uptime went from %.1fs to %.1fs over a sleep", upBefore, up)
+	}
+	if d := guestSkew(t, s1); d > 3*time.Second {
+		t.Fatalf("after wake the guest's clock is %v off the host's", d)
 	}
 
 	// Host A dies. B makes room; the next command of the first sandbox

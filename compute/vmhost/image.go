@@ -30,7 +30,8 @@ const KernelMeta = "linux-image-cloud-amd64"
 // guestPackages are the Debian packages the initramfs is made of, besides
 // the kernel: busybox, bubblewrap and bash (the "shell" harness runs
 // `bash -lc`) with their shared libraries.
-var guestPackages = []string{"busybox-static", "bubblewrap", "bash", "libtinfo6", "libc6", "libcap2", "libselinux1", "libpcre2-8-0"}
+var guestPackages = []string{"busybox-static", "bubblewrap", "bash", "libtinfo6", "libc6", "libcap2", "libselinux1", "libpcre2-8-0",
+	"libstdc++6", "libgcc-s1"} // the last two for node, on the tools disk
 
 // guestModules are the kernel modules the init loads, in this order
 // (virtio_ring before virtio: the order of dependencies).
@@ -50,7 +51,20 @@ const (
 	manifestFile  = "manifest.json"
 	kernelFile    = "vmlinuz"
 	initramfsFile = "initramfs.gz"
+	// toolsFile is the read-only tools disk (node and the installed
+	// agents), present when the image was built with agents.
+	toolsFile = "tools.img"
 )
+
+// ToolsPath is where the guest mounts the tools disk: node is
+// ToolsPath/bin/node (also /usr/local/bin/node) and agent NAME at VERSION
+// is ToolsPath/NAME/VERSION, the layout of a node's agents install. It is
+// under /usr, which sandboxes in the guest see read-only.
+const ToolsPath = "/usr/local/atrium"
+
+// toolsLabel is the tools disk's file system label, by which the guest
+// tells it from the workspace disk.
+const toolsLabel = "atrium-tools"
 
 // Manifest describes a built image; it is DIR/manifest.json.
 type Manifest struct {
@@ -64,6 +78,10 @@ type Manifest struct {
 	Packages  []string `json:"packages"`
 	Atrium    string   `json:"atrium_sha256"`
 	Initramfs string   `json:"initramfs_sha256"`
+	// Node and Agents say what the tools disk holds (node's version,
+	// agents as NAME/VERSION); empty without one.
+	Node   string   `json:"node,omitempty"`
+	Agents []string `json:"agents,omitempty"`
 }
 
 // BuildConfig configures Build.
@@ -74,6 +92,14 @@ type BuildConfig struct {
 	Atrium string
 	// Version is the version of that binary, recorded in the manifest.
 	Version string
+	// Agents is a node's agents install (`atrium agents install`: the
+	// data dir's agents/, /var/cache/atrium-agents in CI): when set, the
+	// image gets a read-only tools disk holding it and node, mounted at
+	// ToolsPath in every VM, so agent sessions can run in VMs.
+	Agents string
+	// Node is the node binary for the tools disk; default the node on
+	// PATH. Its shared libraries come from Debian's packages.
+	Node string
 	// Progress receives one line per step; may be nil.
 	Progress io.Writer
 }
@@ -150,6 +176,13 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 		return Manifest{}, err
 	}
 	fmt.Fprintf(key, "atrium %s %s\n", atriumSum, cfg.Version)
+	var tools *toolsInput
+	if cfg.Agents != "" {
+		if tools, err = readTools(ctx, cfg.Agents, cfg.Node); err != nil {
+			return Manifest{}, err
+		}
+		fmt.Fprintf(key, "tools %s\n", tools.key)
+	}
 	keyHex := hex.EncodeToString(key.Sum(nil))
 	say("downloaded %d packages in %s", len(names), time.Since(start).Round(time.Millisecond))
 	if m, err := ReadManifest(cfg.Dir); err == nil && m.Key == keyHex {
@@ -182,6 +215,17 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 		Format: ImageFormat, Version: cfg.Version, Key: keyHex, Kernel: kver,
 		Packages: names, Atrium: atriumSum, Initramfs: hex.EncodeToString(irdSum[:]),
 	}
+	files := []string{kernelFile, initramfsFile, manifestFile}
+	if tools != nil {
+		say("making the tools disk: node %s, agents %s (%d MiB)", tools.nodeVersion, strings.Join(tools.agents, " "), tools.bytes>>20)
+		if err := tools.make(ctx, filepath.Join(work, toolsFile)); err != nil {
+			return Manifest{}, err
+		}
+		m.Node, m.Agents = tools.nodeVersion, tools.agents
+		files = append([]string{toolsFile}, files...)
+	} else {
+		os.Remove(filepath.Join(cfg.Dir, toolsFile))
+	}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := os.WriteFile(filepath.Join(work, manifestFile), append(b, '\n'), 0o644); err != nil {
 		return Manifest{}, err
@@ -189,7 +233,7 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 	// The manifest goes last: a directory whose manifest is present is a
 	// complete image.
 	os.Remove(filepath.Join(cfg.Dir, manifestFile))
-	for _, f := range []string{kernelFile, initramfsFile, manifestFile} {
+	for _, f := range files {
 		if err := os.Rename(filepath.Join(work, f), filepath.Join(cfg.Dir, f)); err != nil {
 			return Manifest{}, fmt.Errorf("vmhost image: %w", err)
 		}
@@ -351,7 +395,8 @@ func writeInitramfs(w io.Writer, root, kver, atrium string) error {
 	c.file("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
 	c.file("etc/group", []byte("root:x:0:\n"), 0o644)
 	c.file("etc/hostname", []byte("sandbox\n"), 0o644)
-	c.file("init", []byte(strings.ReplaceAll(initScript, "@MODULES@", strings.Join(mods, " "))), 0o755)
+	init := strings.NewReplacer("@MODULES@", strings.Join(mods, " "), "@TOOLSLABEL@", toolsLabel, "@TOOLSPATH@", ToolsPath).Replace(initScript)
+	c.file("init", []byte(init), 0o755)
 	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 	if _, err := zw.Write(c.bytes()); err != nil {
 		return err
@@ -392,7 +437,19 @@ echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
 for m in @MODULES@; do insmod $m || echo "atrium-init: insmod $m failed"; done
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-mount -t ext4 /dev/vda /var/lib/atrium-agent || echo "atrium-init: cannot mount the workspace disk"
+[ -e /sys/block/vdb ] || sleep 0.2
+# The workspace disk, and the tools disk (node and the agents, read-only)
+# when the image has one: told apart by the tools disk's label.
+for d in /dev/vda /dev/vdb; do
+	[ -b $d ] || continue
+	if [ "$(dd if=$d bs=1 skip=1144 count=12 2>/dev/null)" = @TOOLSLABEL@ ]; then
+		mkdir -p @TOOLSPATH@
+		mount -t ext4 -o ro $d @TOOLSPATH@ || echo "atrium-init: cannot mount the tools disk"
+		mkdir -p /usr/local/bin && ln -sf @TOOLSPATH@/bin/node /usr/local/bin/node
+	else
+		mount -t ext4 $d /var/lib/atrium-agent || echo "atrium-init: cannot mount the workspace disk"
+	fi
+done
 hostname sandbox
 ip link set lo up
 ip link set eth0 up

@@ -145,7 +145,11 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmhost: no VM image in %s (%v): build it with %s", cfg.Dir, err, fix)
 	}
-	for _, f := range []string{kernelFile, initramfsFile} {
+	files := []string{kernelFile, initramfsFile}
+	if len(m.Agents) > 0 {
+		files = append(files, toolsFile)
+	}
+	for _, f := range files {
 		if _, err := os.Stat(filepath.Join(cfg.Dir, f)); err != nil {
 			return nil, fmt.Errorf("vmhost: the image in %s lacks its %s: rebuild it with %s", cfg.Dir, f, fix)
 		}

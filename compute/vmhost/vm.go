@@ -200,6 +200,13 @@ func (s *Server) qemuArgs(v *vm, incoming string) []string {
 		"-device", "virtio-rng-device,rng=rng0",
 		"-qmp", "unix:" + filepath.Join(v.dir, "qmp.sock") + ",server=on,wait=off",
 	}
+	if len(s.man.Agents) > 0 {
+		// The tools disk (node and the agents), shared read-only by
+		// every VM; the guest finds it by its label.
+		a = append(a,
+			"-drive", "id=tools,file="+filepath.Join(img, toolsFile)+",format=raw,if=none,readonly=on",
+			"-device", "virtio-blk-device,drive=tools")
+	}
 	if incoming != "" {
 		a = append(a, "-incoming", incoming)
 	}

@@ -490,61 +490,6 @@ func TestNeverHealthy(t *testing.T) {
 	}
 }
 
-// TestSleepWakeClock: a sandbox's VM started as a clone has the host's
-// time; it sleeps (saved to disk and stopped) and wakes as the same
-// running kernel (its uptime goes on), with its workspace, and with the
-// host's time again. (Commands whose connection to the agent broke over
-// the sleep are killed by the agent, as any command whose node goes away.)
-func TestSleepWakeClock(t *testing.T) {
-	srv, url := newServer(t, vmhost.Config{MaxVMs: 1})
-	p, err := remote.New(remote.Config{
-		Hook:   &remote.HTTPHook{URL: url, Header: http.Header{"Authorization": {"Bearer " + hostToken}}},
-		Logger: testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close(context.Background()) })
-	sb := computetest.Open(t, p, compute.Spec{})
-	guestSkew := func() time.Duration {
-		t.Helper()
-		out := strings.TrimSpace(computetest.ShOK(t, sb, "date +%s"))
-		var secs int64
-		if _, err := fmt.Sscan(out, &secs); err != nil {
-			t.Fatalf("date +%%s: %q", out)
-		}
-		return time.Since(time.Unix(secs, 0)).Abs()
-	}
-	if d := guestSkew(); d > 3*time.Second {
-		t.Fatalf("the clone's clock is %v off the host's", d)
-	}
-	// What survives: the workspace (on the VM's disk) and the running
-	// kernel (its uptime).
-	computetest.ShOK(t, sb, "echo kept >/workspace/note")
-	upBefore := guestUptime(t, sb)
-	id := srv.Status().VMs[0].ID
-	ctx := context.Background()
-	if err := srv.Sleep(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	// Time passes while the VM sleeps: its clock stands still.
-	time.Sleep(6 * time.Second)
-	if err := srv.Wake(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.TrimSpace(computetest.ShOK(t, sb, "cat /workspace/note")); got != "kept" {
-		t.Fatalf("after wake /workspace/note holds %q", got)
-	}
-	// The same kernel runs on: no reboot (its uptime went on, and the
-	// seconds slept do not count).
-	if up := guestUptime(t, sb); up < upBefore || up > upBefore+5 {
-		t.Fatalf("the guest's uptime went from %.1fs to %.1fs over a sleep", upBefore, up)
-	}
-	if d := guestSkew(); d > 3*time.Second {
-		t.Fatalf("after wake the guest's clock is %v off the host's", d)
-	}
-}
-
 // guestUptime is the guest kernel's uptime in seconds.
 func guestUptime(t *testing.T, sb compute.Sandbox) float64 {
 	t.Helper()
