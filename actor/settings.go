@@ -25,7 +25,7 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 	p := c.Settings
 	if p.IsEmpty() {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest,
-			`settings: give "title" or "settings":{"agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup"}`)))
+			`settings: give "title" or "settings":{"harness","agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup"}`)))
 		return
 	}
 	next := s.metaNext
@@ -95,7 +95,8 @@ func (s *sessionActor) turnTimeout() time.Duration {
 	return s.h.cfg.TurnTimeout
 }
 
-// limitSettings applies p's egress allowlist (as opEgress), agent (an
+// limitSettings applies p's egress allowlist (as opEgress), harness (a
+// configured template, a command, or an installed agent), agent (an
 // installed one; the session's agent process is replaced at the next turn
 // and re-hydrated), sandbox limits, MCP servers and setup command to next,
 // each within what the operator allows: memory and pids at most
@@ -121,6 +122,31 @@ func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error
 			return err
 		}
 		next.Egress = own
+	}
+	if v := p.Harness; v != nil {
+		hn := *v
+		hn.PermissionMode = ""
+		if hn.Agent != "" {
+			hn.PermissionMode = next.Harness.PermissionMode
+		}
+		if err := hn.Validate(); err != nil {
+			return err
+		}
+		if err := h.checkAgent(hn.Agent); err != nil {
+			return err
+		}
+		if hn.Template != "" {
+			if _, ok := h.templates[hn.Template]; !ok {
+				return session.Errorf(session.CodeBadRequest, "settings: harness template %q is not configured on this server", hn.Template)
+			}
+		}
+		if hn.Agent == "" && len(next.MCPServers) > 0 && p.MCPServers == nil {
+			return session.Errorf(session.CodeBadRequest, `settings: a harness without an agent takes no mcp_servers; remove them ("mcp_servers":[]) in the same change`)
+		}
+		if hn.Agent != next.Harness.Agent {
+			next.AgentSession = ""
+		}
+		next.Harness = hn
 	}
 	if v := p.Agent; v != nil {
 		if *v == "" {

@@ -167,3 +167,59 @@ func TestAgent_SettingsAgentAndEgress(t *testing.T) {
 	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Egress: &bad}})
 	wantCode(t, "egress not permitted", rep, session.CodeBadRequest, "sandbox.egress_permit")
 }
+
+// TestAgent_SettingsHarness: settings.harness turns an agent session into a
+// shell session (the agent process stops; the next turn runs the shell
+// template) and back into an agent session (a new agent, given the
+// conversation from the history); an unknown template is refused by name,
+// and a harness without an agent refuses the session's MCP servers.
+func TestAgent_SettingsHarness(t *testing.T) {
+	agents := &fakeAgents{dir: buildFakeAgent(t), load: true}
+	e := newEnv(t, withAgents(agents, &fakeModels{}))
+	id := e.create("alice", agentSession())
+	w := e.watch(id)
+	if fin := agentRun(t, e, w, id, 1, "hello there"); fin.Status != session.TurnOK {
+		t.Fatalf("turn 1: %+v", fin)
+	}
+	set := func(p session.SettingsPatch) session.Reply {
+		return e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &p})
+	}
+	wantCode(t, "unknown template", set(session.SettingsPatch{Harness: &session.Harness{Template: "nope"}}), session.CodeBadRequest, `harness template "nope" is not configured`)
+	mcp := []session.MCPServer{{Name: "files", Command: "/bin/true"}}
+	if rep := set(session.SettingsPatch{MCPServers: &mcp}); rep.Error != nil {
+		t.Fatalf("mcp_servers: %+v", rep.Error)
+	}
+	wantCode(t, "mcp without agent", set(session.SettingsPatch{Harness: &session.Harness{Template: "shell"}}), session.CodeBadRequest, "takes no mcp_servers")
+	none := []session.MCPServer{}
+	rep := set(session.SettingsPatch{Harness: &session.Harness{Template: "shell"}, MCPServers: &none})
+	if rep.Error != nil || rep.Session == nil || rep.Session.Settings != nil {
+		t.Fatalf("to shell: %+v (settings %+v)", rep.Error, rep.Session)
+	}
+	e.prompt(id, "alice", "echo from the shell")
+	if fin := data[session.TurnFinishedData](t, w.until("turn_finished", finished(2))); fin.Status != session.TurnOK {
+		t.Fatalf("turn 2: %+v%s", fin, summarize(w.evs))
+	}
+	var out string
+	for _, ev := range w.evs {
+		if ev.Kind == session.KindOutput {
+			if d := data[session.OutputData](t, ev); d.Turn == 2 && d.Stream == "stdout" {
+				out += d.Text
+			}
+		}
+	}
+	if out != "from the shell\n" {
+		t.Errorf("turn 2 stdout %q", out)
+	}
+	if rep := set(session.SettingsPatch{Harness: &session.Harness{Agent: "fake"}}); rep.Error != nil || rep.Session.Settings == nil || rep.Session.Settings.Agent != "fake" {
+		t.Fatalf("back to the agent: %+v", rep)
+	}
+	if fin := agentRun(t, e, w, id, 3, "recall"); fin.Status != session.TurnOK {
+		t.Fatalf("turn 3: %+v", fin)
+	}
+	if got := lastMessage(t, turnEvents(t, w, 3)); !strings.Contains(got, "User alice: hello there") {
+		t.Errorf("turn 3's new agent was not given the conversation: %q", got)
+	}
+	if n := agents.launches.Load(); n != 2 {
+		t.Errorf("agent launched %d times, want twice", n)
+	}
+}

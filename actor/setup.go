@@ -50,6 +50,13 @@ func (s *sessionActor) setupStep() *setupStep {
 // goes on, anything else is how the turn ends.
 func (r *runner) runSetup() *turnExited {
 	b := r.box
+	if r.agent == nil && b.agent != nil {
+		// The session runs a harness now (settings.harness): the agent
+		// it ran before stops.
+		b.agent.stale = true
+		b.agent.kill()
+		b.agent = nil
+	}
 	st := b.setup
 	if st == nil || b.sb == nil {
 		return nil

@@ -14,7 +14,7 @@ import (
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup"}
+var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
@@ -29,7 +29,8 @@ var sessionSettingKeys = []string{"agent", "permission_mode", "turn_timeout", "m
 // http and sse shapes) are passed to the agent, restarted with them at its
 // next turn; settings.setup is a command run before a turn when the sandbox
 // is new or files were written. The Session object shows them back under
-// "settings". settings.agent switches the session to another installed
+// "settings". settings.harness replaces the session's harness (a template
+// name, {"command":[…]} or {"agent":NAME}) from the next turn. settings.agent switches the session to another installed
 // agent (started and given the conversation from the history at the next
 // turn); settings.egress replaces its own egress allowlist (as PUT egress).
 // Unknown settings are refused by name.
@@ -130,6 +131,19 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 			return nil, err
 		}
 		patch.MCPServers = &l
+	}
+	if raw, ok := settings["harness"]; ok {
+		var hn session.Harness
+		if err := json.Unmarshal(raw, &hn); err != nil {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: harness must be a template name or {"command":[…]} or {"agent":NAME}: %v`, err)
+		}
+		if hn.PermissionMode != "" {
+			return nil, session.Errorf(session.CodeBadRequest, `settings: give the permission mode as "permission_mode", not inside "harness"`)
+		}
+		if err := hn.Validate(); err != nil {
+			return nil, err
+		}
+		patch.Harness = &hn
 	}
 	if raw, ok := settings["agent"]; ok {
 		var v string

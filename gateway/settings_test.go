@@ -43,13 +43,15 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup)"},
+		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup)"},
 		"mcp server shape":    {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
 		"mcp server type":     {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
 		"mcp without url":     {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},
 		"negative memory":     {`{"settings":{"memory_bytes":-5}}`, "memory_bytes must be a number of bytes"},
 		"pids not a number":   {`{"settings":{"pids":"many"}}`, "pids must be a number"},
 		"setup not a string":  {`{"settings":{"setup":["pip","install"]}}`, "setup must be a shell command string"},
+		"harness shape":       {`{"settings":{"harness":{"command":"ls"}}}`, "settings: harness must be"},
+		"harness mode":        {`{"settings":{"harness":{"agent":"fake","permission_mode":"ask"}}}`, `as "permission_mode", not inside "harness"`},
 		"agent not a name":    {`{"settings":{"agent":""}}`, "agent must name an installed agent"},
 		"agent not installed": {`{"settings":{"agent":"nope"}}`, "atrium agents install nope"},
 		"egress not a list":   {`{"settings":{"egress":"github.com"}}`, "egress must be a list of hosts"},

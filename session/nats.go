@@ -149,12 +149,15 @@ type SettingsPatch struct {
 	// Agent switches the session to another agent, started (and given the
 	// conversation from the history) at the next turn.
 	Agent *string `json:"agent,omitempty"`
+	// Harness replaces the session's harness (a template, a command, or
+	// an agent), from the next turn.
+	Harness *Harness `json:"harness,omitempty"`
 }
 
 // IsEmpty reports whether p changes nothing.
 func (p *SettingsPatch) IsEmpty() bool {
 	return p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil && p.MemoryBytes == nil &&
-		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil
+		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil && p.Harness == nil
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in

@@ -31,6 +31,8 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
 		Long: `Without --set, prints the session's title. With --set, changes it (owner only):
 
   title=TEXT              the session's title (as 'atrium rename')
+  harness=TEMPLATE|JSON    replace the harness from the next turn: a template
+                          name, {"command":[…]} or {"agent":NAME}.
   agent=NAME              switch to another installed agent (atrium agents
                           ls); it starts at the next turn and is given the
                           conversation from the history.
@@ -109,7 +111,7 @@ operator's limits, naming the limit.`,
 				return explain(err, conn.server)
 			}
 			fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
-			for _, k := range []string{"agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup"} {
+			for _, k := range []string{"harness", "agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup"} {
 				if _, ok := patch.Settings[k]; ok {
 					printSettings(env, &s)
 					break
@@ -124,7 +126,7 @@ operator's limits, naming the limit.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup")
 	conn.register(cmd)
 	return cmd
 }
@@ -171,6 +173,15 @@ func settingValue(k, v string) (any, error) {
 			return nil, fmt.Errorf("--set pids=%s: want a number of processes", v)
 		}
 		return n, nil
+	case "harness":
+		if strings.HasPrefix(strings.TrimSpace(v), "{") {
+			var h json.RawMessage
+			if err := json.Unmarshal([]byte(v), &h); err != nil {
+				return nil, fmt.Errorf("--set harness: not JSON (%v); give a template name or {\"command\":[…]}", err)
+			}
+			return h, nil
+		}
+		return v, nil
 	case "egress":
 		var l []string
 		if err := json.Unmarshal([]byte(v), &l); err != nil {
