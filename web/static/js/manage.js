@@ -14,6 +14,7 @@ import { safeURL } from './markdown.js';
 
 /** KNOWN_SETTINGS are the settings PATCH /v1/sessions/{id} takes even when the Session object reports none. */
 export const KNOWN_SETTINGS = {
+  agent: { label: 'Agent', placeholder: 'an installed agent', hint: 'Takes over at the next turn, given the conversation.' },
   permission_mode: { label: 'Permission mode', choices: ['ask', 'auto-edit', 'auto'], hint: 'Agent sessions: from the agent\'s next start.' },
   turn_timeout: { label: 'Turn timeout', placeholder: 'e.g. 10m', hint: 'From the next turn; at most the node\'s.' },
   memory_bytes: { label: 'Memory limit, bytes', type: 'number', placeholder: 'e.g. 2147483648', hint: 'At most the node\'s.' },
@@ -172,17 +173,34 @@ export class Manage {
     this.loadSecrets();
     this.loadSchedules();
     this.loadTasks();
+    this.loadAgents();
+  }
+
+  // loadAgents offers the installed agents as the agent setting's choices.
+  async loadAgents() {
+    try {
+      const list = await api.listAgents();
+      const names = list.map((a) => a && a.name).filter((n) => typeof n === 'string' && n);
+      if (!names.length || (this.agents && this.agents.join() === names.join())) return;
+      this.agents = names;
+      this.fill(true);
+    } catch {
+      // The agent stays a text field.
+    }
   }
 
   close() {
     if (this.el.open) this.el.close();
   }
 
-  // fill puts the Session object's title, settings and egress in the forms.
-  fill() {
+  // fill puts the Session object's title, settings and egress in the
+  // forms; settingsOnly keeps the title and egress being edited.
+  fill(settingsOnly) {
     const s = this.session() || {};
-    this.titleIn.value = s.title || '';
-    this.egressIn.value = (Array.isArray(s.egress) ? s.egress : []).join('\n');
+    if (!settingsOnly) {
+      this.titleIn.value = s.title || '';
+      this.egressIn.value = (Array.isArray(s.egress) ? s.egress : []).join('\n');
+    }
     const settings = s.settings && typeof s.settings === 'object' && !Array.isArray(s.settings) ? s.settings : null;
     this.settingsNote.textContent = settings
       ? 'Blank keeps a setting as it is.'
@@ -190,7 +208,8 @@ export class Manage {
     const keys = [...new Set([...Object.keys(KNOWN_SETTINGS), ...Object.keys(settings || {})])];
     this.settings = settings || {};
     this.settingsFields.replaceChildren(...keys.map((k) => {
-      const known = KNOWN_SETTINGS[k] || {};
+      const known = { ...(KNOWN_SETTINGS[k] || {}) };
+      if (k === 'agent' && this.agents) known.choices = this.agents;
       const id = `manage-setting-${k.replace(/[^A-Za-z0-9_-]/g, '_')}`;
       const cur = this.settings[k];
       let input;

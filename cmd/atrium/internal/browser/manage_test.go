@@ -141,6 +141,8 @@ func TestBrowser_Manage(t *testing.T) {
 		eval[bool](alice, fmt.Sprintf(set, jsString("2m")))
 		alice.click("#manage-settings button[type=submit]")
 		alice.waitRow("the saved toast", "#toasts .toast", "Saved turn_timeout")
+		// The field shows what the server now reports (a Go duration).
+		alice.waitJS("the server's turn_timeout", `document.querySelector('#manage-settings-fields [data-key="turn_timeout"]').value === '2m0s'`)
 		if e := eval[string](alice, `document.querySelector('#manage-settings-error').hidden ? '' : document.querySelector('#manage-settings-error').textContent`); e != "" {
 			t.Fatalf("settings error after a good value: %s", e)
 		}
