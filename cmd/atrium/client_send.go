@@ -96,10 +96,7 @@ func waitTurn(cmd *cobra.Command, env *cliEnv, c *client.Client, id session.ID, 
 			n.hello(f)
 		case f.Event != nil:
 			ev := *f.Event
-			var head struct {
-				Turn      int64       `json:"turn"`
-				PromptSeq session.Seq `json:"prompt_seq"`
-			}
+			var head session.TurnStartedData
 			_ = json.Unmarshal(ev.Data, &head)
 			if turn == 0 {
 				if ev.Kind != session.KindTurnStarted || head.PromptSeq != seq {
