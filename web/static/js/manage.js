@@ -198,6 +198,7 @@ export class Manage {
   fill(settingsOnly) {
     const s = this.session() || {};
     if (!settingsOnly) {
+      this.titleErr.hidden = true;
       this.titleIn.value = s.title || '';
       this.egressIn.value = (Array.isArray(s.egress) ? s.egress : []).join('\n');
     }

@@ -215,9 +215,18 @@ func TestBrowser_Manage(t *testing.T) {
 			t.Fatalf("server's schedules %+v, want one of session %s with the prompt", list.Schedules, s.ID)
 		}
 		id := list.Schedules[0].ID
+		// The light ones show the dialog's top (title, settings), the dark
+		// ones its end (secrets, schedules, task).
+		scroll := func(top bool) {
+			eval[bool](alice, fmt.Sprintf(`(() => { const d = document.querySelector('#manage'); d.scrollTop = %v ? 0 : d.scrollHeight; return true; })()`, top))
+		}
+		scroll(true)
 		alice.screenshot(dir, "manage-desktop-light", 1280, 900, "light", false)
+		scroll(false)
 		alice.screenshot(dir, "manage-desktop-dark", 1280, 900, "dark", false)
+		scroll(true)
 		alice.screenshot(dir, "manage-phone-light", 390, 844, "light", true)
+		scroll(false)
 		if w := eval[int](alice, `document.querySelector('#manage').scrollWidth - document.querySelector('#manage').clientWidth`); w > 1 {
 			t.Fatalf("the Manage dialog scrolls sideways by %d px on a phone", w)
 		}
