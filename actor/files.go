@@ -929,7 +929,11 @@ func (h *Host) applyLive(ctx context.Context, b *box, dir *mount.Dir, op *fileOp
 		}
 	}
 	if err := h.saveBox(ctx, b); err != nil {
-		return nil, nil, nil, session.Errorf(session.CodeUnavailable, "the file was written to the sandbox but not saved: %v", err)
+		code := session.CodeUnavailable
+		if errors.Is(err, session.ErrInsufficientStorage) { // the tenant's object-store quota
+			code = session.CodeInsufficientStorage
+		}
+		return nil, nil, nil, session.Errorf(code, "the file was written to the sandbox but not saved: %v", err)
 	}
 	before, after := b.vol.Mark()
 	return changedPaths(op, before, after), before, after, nil

@@ -47,7 +47,12 @@ func TestServer_TenantQuota(t *testing.T) {
 			t.Errorf("the error %q does not say %q", refused.Message, want)
 		}
 	}
-	alice.prompt(sess.ID, "rm big.bin && echo small > small.txt && ls")
+	// A file upload beyond the quota is 507, naming it.
+	status, body := alice.request("PUT", "/v1/sessions/"+string(sess.ID)+"/files/upload.bin", strings.Repeat("x", 2<<20))
+	if status != 507 || !strings.Contains(string(body), "insufficient_storage") || !strings.Contains(string(body), "storage.tenant_quota_bytes") {
+		t.Errorf("an upload beyond the quota: %d %s, want 507 naming the quota", status, body)
+	}
+	alice.prompt(sess.ID, "rm -f big.bin upload.bin && echo small > small.txt && ls")
 	if fin := alice.waitTurn(sess.ID, 2); fin.Status != session.TurnOK {
 		t.Fatalf("turn 2: %+v", fin)
 	}
@@ -58,7 +63,7 @@ func TestServer_TenantQuota(t *testing.T) {
 		}
 	}
 	// The saved workspace is the one turn 2 left.
-	_, body := alice.request("GET", "/v1/sessions/"+string(sess.ID)+"/files?path=", nil)
+	_, body = alice.request("GET", "/v1/sessions/"+string(sess.ID)+"/files?path=", nil)
 	var listing struct {
 		Entries []struct {
 			Path string `json:"path"`
