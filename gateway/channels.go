@@ -60,7 +60,7 @@ type channels struct {
 
 // mountChannels builds the channel service, its adapters and webhooks, and
 // registers their routes. The service starts with Start.
-func (s *Server) mountChannels(mux *http.ServeMux, cfg *Channels) (*channels, error) {
+func mountChannels(s *Server, mux *http.ServeMux, cfg *Channels) (*channels, error) {
 	c := &channels{drain: cfg.Drain}
 	if c.drain <= 0 {
 		c.drain = DefaultChannelsDrain

@@ -369,7 +369,7 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/agents", s.authed(s.listAgents))
 	s.fileRoutes(mux) // files.go
 	if cfg.Channels != nil {
-		c, err := s.mountChannels(mux, cfg.Channels)
+		c, err := mountChannels(s, mux, cfg.Channels) // channels.go
 		if err != nil {
 			return nil, fmt.Errorf("gateway: channels: %w", err)
 		}
