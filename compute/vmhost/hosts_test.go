@@ -69,8 +69,8 @@ func guestSkew(t *testing.T, sb compute.Sandbox) time.Duration {
 // disk and restored with the kernel, the workspace and the host's time),
 // and a dead host's sandbox recreated on the other.
 func TestVMHosts(t *testing.T) {
-	srvA, hsA := newHost(t, vmhost.Config{MaxVMs: 1})
-	srvB, hsB := newHost(t, vmhost.Config{MaxVMs: 1})
+	srvA, hsA := newHost(t, vmhost.Config{MaxVMs: 1, MemoryMiB: 384})
+	srvB, hsB := newHost(t, vmhost.Config{MaxVMs: 1, MemoryMiB: 384})
 	hosts := &remote.VMHosts{Hosts: []remote.VMHost{{URL: hsA.URL, Token: hostToken}, {URL: hsB.URL, Token: hostToken}}, Logger: testLogger(t)}
 	p, err := remote.New(remote.Config{Hook: hosts, StartTimeout: 90 * time.Second, Logger: testLogger(t)})
 	if err != nil {
@@ -134,7 +134,7 @@ func TestVMHosts(t *testing.T) {
 	}
 	// Time passes while the VM sleeps: its clock stands still, and the
 	// wake sets it.
-	time.Sleep(5 * time.Second)
+	time.Sleep(3 * time.Second)
 	start := time.Now()
 	if got := strings.TrimSpace(computetest.ShOK(t, s1, "cat /workspace/note")); got != "kept" {
 		t.Fatalf("after wake /workspace/note holds %q", got)
