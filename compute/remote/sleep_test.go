@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,10 +25,11 @@ import (
 type sleepingHook struct {
 	*inProcessHook
 
-	mu      sync.Mutex
-	sleeps  int   // guarded by mu
-	wakes   int   // guarded by mu
-	wakeErr error // guarded by mu
+	mu       sync.Mutex
+	sleeps   int   // guarded by mu
+	wakes    int   // guarded by mu
+	wakeErr  error // guarded by mu
+	sleepErr error // guarded by mu: SleepVM fails (the VM keeps running)
 }
 
 var _ remote.Sleeper = (*sleepingHook)(nil)
@@ -36,6 +38,12 @@ func (h *sleepingHook) SleepVM(_ context.Context, req remote.HookRequest) error 
 	vm := h.agentOf(req.SandboxID)
 	if vm == nil {
 		return errors.New("no such VM")
+	}
+	h.mu.Lock()
+	err := h.sleepErr
+	h.mu.Unlock()
+	if err != nil {
+		return err
 	}
 	vm.srv.CloseClientConnections()
 	h.mu.Lock()
@@ -215,5 +223,114 @@ func TestSandbox_SignalWakes(t *testing.T) {
 	}
 	if s, w := hook.counts(); s != 1 || w != 1 {
 		t.Errorf("hook: %d sleeps, %d wakes; want 1, 1", s, w)
+	}
+}
+
+// TestSandbox_SleepFailsKeepsRunning: when the VM host cannot save the VM
+// (its disk is full), the VM keeps running and so do its commands, which
+// get their connections back at once.
+func TestSandbox_SleepFailsKeepsRunning(t *testing.T) {
+	hook := &sleepingHook{inProcessHook: newInProcessHook(t, true), sleepErr: errors.New("no space left on device")}
+	p := newProvider(t, &unwrapHook{Hook: newRecorder(t, hook), inner: hook}, remote.Config{})
+	sb := computetest.Open(t, p, compute.Spec{})
+	ctx := context.Background()
+	pr, err := sb.Exec(ctx, compute.ExecRequest{Argv: counter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sb.Sleep(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no space left") || !strings.Contains(err.Error(), "keeps running") {
+		t.Fatalf("sleep with a failing save: %v", err)
+	}
+	if st := sb.State(); st != session.SandboxReady {
+		t.Errorf("state after a failed sleep %q; want ready", st)
+	}
+	out := bufio.NewReader(pr.Stdout())
+	if _, err := io.WriteString(pr.Stdin(), "x\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := out.ReadString('\n'); err != nil || got != "1 x\n" {
+		t.Fatalf("the command after a failed sleep: %q, %v", got, err)
+	}
+	if s, w := hook.counts(); s != 0 || w != 0 {
+		t.Errorf("hook: %d sleeps, %d wakes; want none", s, w)
+	}
+	pr.Stdin().Close()
+	if exit, err := pr.Wait(); err != nil || exit.Code != 0 {
+		t.Errorf("exit %+v, %v", exit, err)
+	}
+}
+
+// TestSandbox_ExitWhileSuspended: a command that ends while its VM sleeps
+// (here: between the suspension and the pause) reports its output and exit
+// after the wake.
+func TestSandbox_ExitWhileSuspended(t *testing.T) {
+	hook := &sleepingHook{inProcessHook: newInProcessHook(t, true)}
+	p := newProvider(t, &unwrapHook{Hook: newRecorder(t, hook), inner: hook}, remote.Config{})
+	sb := computetest.Open(t, p, compute.Spec{})
+	ctx := context.Background()
+	dir := t.TempDir()
+	pr, err := sb.Exec(ctx, compute.ExecRequest{Argv: []string{"/bin/sh", "-c",
+		"read go; echo before; while [ ! -e " + dir + "/go ]; do sleep 0.02; done; echo after; exit 7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(pr.Stdin(), "go\n")
+	out := bufio.NewReader(pr.Stdout())
+	if got, _ := out.ReadString('\n'); got != "before\n" {
+		t.Fatalf("first line %q", got)
+	}
+	if err := sb.Sleep(ctx); err != nil {
+		t.Fatalf("sleep: %v", err)
+	}
+	// The in-process "VM" keeps running while asleep: the command ends
+	// now, with nobody attached.
+	if err := os.WriteFile(dir+"/go", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := computetest.Finish(t, computetest.Start(t, sb, compute.ExecRequest{Argv: []string{"true"}}), "")
+	if r.Exit.Code != 0 {
+		t.Fatalf("exec after sleep: %+v", r.Exit)
+	}
+	rest, _ := io.ReadAll(out)
+	exit, err := pr.Wait()
+	if err != nil || exit.Code != 7 || exit.Lost || string(rest) != "after\n" {
+		t.Errorf("after the wake: exit %+v, %v, rest %q; want 7 and \"after\"", exit, err, rest)
+	}
+}
+
+// TestSandbox_DestroyWhileAsleep: destroying a sleeping sandbox destroys
+// its VM without waking it, and its suspended commands end.
+func TestSandbox_DestroyWhileAsleep(t *testing.T) {
+	hook := &sleepingHook{inProcessHook: newInProcessHook(t, true)}
+	rec := newRecorder(t, hook)
+	p := newProvider(t, &unwrapHook{Hook: rec, inner: hook}, remote.Config{})
+	sb := computetest.Open(t, p, compute.Spec{})
+	ctx := context.Background()
+	pr, err := sb.Exec(ctx, compute.ExecRequest{Argv: counter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Sleep(ctx); err != nil {
+		t.Fatalf("sleep: %v", err)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatalf("destroy while asleep: %v", err)
+	}
+	if st := sb.State(); st != session.SandboxStopped {
+		t.Errorf("state %q; want stopped", st)
+	}
+	if !rec.isDestroyed(rec.created()[0].vm.ID) {
+		t.Error("the VM was not destroyed")
+	}
+	if _, w := hook.counts(); w != 0 {
+		t.Errorf("%d wakes; want none", w)
+	}
+	done := make(chan struct{})
+	go func() { pr.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the suspended command of a destroyed sandbox never ended")
 	}
 }
