@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
@@ -68,12 +70,50 @@ func (h *Host) restoreAgentHome(ctx context.Context, b *box, dir string, fence i
 		return false, nil
 	}
 	vol := &mount.Volume{Blob: h.cfg.Store, Prefix: agentHomePrefix(b.id), Logger: h.log.With("session", b.id, "volume", "agent-home")}
-	st, err := vol.Restore(ctx, &mount.Dir{Path: dir, Blob: h.cfg.Store}, fence)
+	target := dir
+	keep, err := h.localHomeNewer(ctx, b.id, dir)
+	if err != nil {
+		return false, fmt.Errorf("restore the agent's home: %w", err)
+	}
+	if keep {
+		// This node's copy holds everything saved and more (it wrote
+		// after the last save, and then restarted): the saved copy is
+		// restored aside, only to claim it for the saves that follow.
+		if target, err = os.MkdirTemp(filepath.Dir(dir), ".agent-home-claim-"); err != nil {
+			return false, fmt.Errorf("restore the agent's home: %w", err)
+		}
+		defer os.RemoveAll(target)
+	}
+	st, err := vol.Restore(ctx, &mount.Dir{Path: target, Blob: h.cfg.Store}, fence)
 	if err != nil {
 		return false, fmt.Errorf("restore the agent's home: %w", err)
 	}
 	h.agents.setHome(b.id, &agentHome{dir: dir, vol: vol})
-	return st.ManifestBytes > 0, nil
+	return !keep && st.ManifestBytes > 0, nil
+}
+
+// localHomeNewer reports whether the agent home at dir holds every file of
+// the saved copy at least as long and as recent (the agent only appends to
+// its transcripts), so restoring would lose what was written after the last
+// save: after a restart of this node, the local copy is the newer one.
+func (h *Host) localHomeNewer(ctx context.Context, id session.ID, dir string) (bool, error) {
+	if names, err := os.ReadDir(dir); err != nil || len(names) == 0 {
+		return false, nil // None here: restore.
+	}
+	m, etag, err := mount.ReadManifest(ctx, h.cfg.Store, agentHomePrefix(id))
+	if err != nil || etag == "" {
+		return false, err
+	}
+	for _, e := range m.Entries {
+		if e.Type != mount.TypeFile {
+			continue
+		}
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(e.Path)))
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() < e.Size || fi.ModTime().UnixNano() < e.MTime {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // saveAgentHome saves b's agent home if this node holds it. A save that

@@ -25,7 +25,7 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 	p := c.Settings
 	if p.IsEmpty() {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest,
-			`settings: give "title" or "settings":{"harness","agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup"}`)))
+			`settings: give "title" or "settings":{"harness","agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup","invoke_concurrency"}`)))
 		return
 	}
 	next := s.metaNext
@@ -185,6 +185,14 @@ func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error
 			return err
 		}
 		next.MCPServers = slices.Clone(*v)
+	}
+	if v := p.InvokeConcurrency; v != nil {
+		// The gateway checked it against its cap, which the node does not
+		// know.
+		if *v < 0 {
+			return session.Errorf(session.CodeBadRequest, "settings: invoke_concurrency must not be negative")
+		}
+		next.InvokeConcurrency = *v
 	}
 	if v := p.Setup; v != nil {
 		if err := session.ValidateSetup(*v); err != nil {

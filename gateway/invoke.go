@@ -159,7 +159,7 @@ func (s *Server) invoke(w http.ResponseWriter, r *http.Request, p session.Princi
 	invokeID := "inv_" + randomToken(10)
 	holder, _ := json.Marshal(invokeRecord{Session: id, User: p.User, Gateway: s.id, Started: session.Time{Time: time.Now()}})
 	hold, err := s.inv.store.Acquire(r.Context(), holder,
-		quota.Slot{What: "invokes", Scope: quota.ScopeSession, Name: string(id), Limit: s.inv.perSession},
+		quota.Slot{What: "invokes", Scope: quota.ScopeSession, Name: string(id), Limit: s.inv.sessionCap(a.entry)}, // settings.go
 		quota.Slot{What: "invokes", Scope: quota.ScopeTenant, Name: p.Tenant, Limit: s.inv.perTenant})
 	if err != nil {
 		s.refuse(w, r, err)

@@ -14,7 +14,7 @@ import (
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup"}
+var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup", "invoke_concurrency"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
@@ -29,7 +29,9 @@ var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_t
 // http and sse shapes) are passed to the agent, restarted with them at its
 // next turn; settings.setup is a command run before a turn when the sandbox
 // is new or files were written. The Session object shows them back under
-// "settings". settings.harness replaces the session's harness (a template
+// "settings". settings.invoke_concurrency caps the session's invokes
+// running at once, at most the gateway's quotas.invokes_per_session (403
+// beyond it). settings.harness replaces the session's harness (a template
 // name, {"command":[…]} or {"agent":NAME}) from the next turn. settings.agent switches the session to another installed
 // agent (started and given the conversation from the history at the next
 // turn); settings.egress replaces its own egress allowlist (as PUT egress).
@@ -42,6 +44,9 @@ func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p session.
 		return
 	}
 	patch, err := settingsPatch(body.Title, body.Settings)
+	if err == nil {
+		err = s.inv.checkSessionCap(patch.InvokeConcurrency)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -162,6 +167,13 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 		}
 		patch.Egress = &l
 	}
+	if raw, ok := settings["invoke_concurrency"]; ok {
+		var n int
+		if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: invoke_concurrency must be a number of invokes (0: the server's cap)")
+		}
+		patch.InvokeConcurrency = &n
+	}
 	if raw, ok := settings["setup"]; ok {
 		var v string
 		if err := json.Unmarshal(raw, &v); err != nil {
@@ -176,4 +188,23 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 		return nil, session.Errorf(session.CodeBadRequest, `body needs "title" or "settings":{%s}`, `"`+strings.Join(sessionSettingKeys, `","`)+`"`)
 	}
 	return patch, nil
+}
+
+// checkSessionCap refuses a session's own invoke cap beyond the gateway's
+// (quotas.invokes_per_session); with no gateway cap any is allowed.
+func (v *invokes) checkSessionCap(n *int) error {
+	if n == nil || v == nil || v.perSession <= 0 || *n <= v.perSession {
+		return nil
+	}
+	return session.Errorf(session.CodeForbidden, "settings: invoke_concurrency %d is beyond this server's limit of %d (quotas.invokes_per_session)", *n, v.perSession)
+}
+
+// sessionCap is the cap on session e's invokes running at once: its own
+// (settings.invoke_concurrency) when lower than the gateway's.
+func (v *invokes) sessionCap(e *session.CatalogEntry) int {
+	limit := v.perSession
+	if e != nil && e.InvokeConcurrency > 0 && (limit <= 0 || e.InvokeConcurrency < limit) {
+		limit = e.InvokeConcurrency
+	}
+	return limit
 }

@@ -43,7 +43,7 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup)"},
+		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup, invoke_concurrency)"},
 		"mcp server shape":    {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
 		"mcp server type":     {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
 		"mcp without url":     {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},

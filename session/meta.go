@@ -40,6 +40,9 @@ type Meta struct {
 	MCPServers []MCPServer `json:"mcp_servers,omitempty"`
 	// Setup is the session's setup command (PATCH settings.setup).
 	Setup string `json:"setup,omitempty"`
+	// InvokeConcurrency caps the session's invokes running at once (PATCH
+	// settings.invoke_concurrency), within the gateways' cap; 0 is theirs.
+	InvokeConcurrency int `json:"invoke_concurrency,omitempty"`
 }
 
 // Stored is an event as a history file stores it: its seq and kind, and the

@@ -152,12 +152,15 @@ type SettingsPatch struct {
 	// Harness replaces the session's harness (a template, a command, or
 	// an agent), from the next turn.
 	Harness *Harness `json:"harness,omitempty"`
+	// InvokeConcurrency caps the session's invokes running at once (0:
+	// the gateways' cap); the gateway checks it against its cap.
+	InvokeConcurrency *int `json:"invoke_concurrency,omitempty"`
 }
 
 // IsEmpty reports whether p changes nothing.
 func (p *SettingsPatch) IsEmpty() bool {
 	return p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil && p.MemoryBytes == nil &&
-		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil && p.Harness == nil
+		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil && p.Harness == nil && p.InvokeConcurrency == nil
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in

@@ -183,6 +183,9 @@ type CatalogEntry struct {
 	Node string `json:"node,omitempty"`
 	// Usage totals the session's usage events; nil while there are none.
 	Usage *UsageTotals `json:"usage,omitempty"`
+	// InvokeConcurrency is the session's own cap on its invokes running
+	// at once (settings.invoke_concurrency); 0: the gateways' cap.
+	InvokeConcurrency int `json:"invoke_concurrency,omitempty"`
 }
 
 // SessionFor returns the Session object as user sees it.

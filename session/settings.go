@@ -29,12 +29,15 @@ type Settings struct {
 	// Setup is a shell command run in /workspace before a turn when the
 	// sandbox is new or files were written since it last succeeded.
 	Setup string `json:"setup,omitempty"`
+	// InvokeConcurrency caps the session's invokes running at once,
+	// within the gateways' quotas.invokes_per_session.
+	InvokeConcurrency int `json:"invoke_concurrency,omitempty"`
 }
 
 // IsZero reports whether s holds no setting.
 func (s *Settings) IsZero() bool {
 	return s == nil || s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 &&
-		len(s.MCPServers) == 0 && s.Setup == ""
+		len(s.MCPServers) == 0 && s.Setup == "" && s.InvokeConcurrency == 0
 }
 
 // MCPServer is an MCP server an agent connects to, in ACP's shapes: stdio
@@ -179,6 +182,7 @@ func ValidateSetup(cmd string) error {
 func SettingsOf(meta *Meta) *Settings {
 	s := &Settings{
 		Agent: meta.Harness.Agent, PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, Setup: meta.Setup,
+		InvokeConcurrency: meta.InvokeConcurrency,
 	}
 	if meta.TurnTimeout > 0 {
 		s.TurnTimeout = time.Duration(meta.TurnTimeout).String()

@@ -56,6 +56,9 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
                           or [{"name":"docs","type":"http","url":"https://…","headers":[]}]
                           (http and sse only to hosts the sandbox may reach);
                           @FILE reads the JSON from FILE; [] removes them.
+  invoke_concurrency=N    how many invokes of the session may run at once
+                          (0: the server's cap), at most the server's
+                          quotas.invokes_per_session.
   setup=COMMAND           a shell command run in /workspace before a turn
                           when the sandbox is new or files were written,
                           e.g. 'pip install -r requirements.txt'; its
@@ -111,7 +114,7 @@ operator's limits, naming the limit.`,
 				return explain(err, conn.server)
 			}
 			fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
-			for _, k := range []string{"harness", "agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup"} {
+			for _, k := range []string{"harness", "agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup", "invoke_concurrency"} {
 				if _, ok := patch.Settings[k]; ok {
 					printSettings(env, &s)
 					break
@@ -126,7 +129,7 @@ operator's limits, naming the limit.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup, invoke_concurrency")
 	conn.register(cmd)
 	return cmd
 }
@@ -167,10 +170,10 @@ func settingValue(k, v string) (any, error) {
 			return nil, fmt.Errorf("--set memory_bytes=%s: %w", v, err)
 		}
 		return n, nil
-	case "pids":
+	case "pids", "invoke_concurrency":
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("--set pids=%s: want a number of processes", v)
+			return nil, fmt.Errorf("--set %s=%s: want a number", k, v)
 		}
 		return n, nil
 	case "harness":
@@ -259,6 +262,9 @@ func printSettings(env *cliEnv, s *session.Session) {
 			where = m.URL
 		}
 		fmt.Fprintf(env.stdout, "mcp_server: %s (%s) %s\n", m.Name, m.ServerType(), where)
+	}
+	if st.InvokeConcurrency > 0 {
+		fmt.Fprintf(env.stdout, "invoke_concurrency: %d\n", st.InvokeConcurrency)
 	}
 	if st.Setup != "" {
 		fmt.Fprintf(env.stdout, "setup: %s\n", st.Setup)

@@ -33,7 +33,7 @@ func TestCLI_Settings(t *testing.T) {
 		"--set nokey":                "want KEY=VALUE",
 		"--set turn_timeout=48h":     "beyond this server's limit",
 		"--set memory_bytes=lots":    "want a size such as",
-		"--set pids=-1":              "want a number of processes",
+		"--set pids=-1":              "want a number",
 		"--set mcp_servers=[oops":    "mcp_servers: not JSON",
 		"--set memory_bytes=64MiB":   "sandbox.memory_bytes",
 	} {
