@@ -994,7 +994,7 @@ func catalogEntry(m session.Meta, last session.Seq, state session.State, sb sess
 	return session.CatalogEntry{
 		ID: m.ID, Title: m.Title, Owner: m.Owner, Tenant: m.Tenant, Members: m.Members,
 		CreatedAt: m.CreatedAt, Epoch: m.Epoch, State: state, LastSeq: last, Sandbox: sb,
-		Usage: cloneUsage(m.Usage), InvokeConcurrency: m.InvokeConcurrency,
+		Usage: cloneUsage(m.Usage),
 	}
 }
 

@@ -30,23 +30,31 @@ type timers struct {
 // touch records that a request arrived, which restarts the idle timer.
 func (t *timers) touch() { t.touched = true }
 
-// armIdle runs the idle timer while idle is true, restarting it when a
-// request arrived since the last call; fire(gen) runs when it expires. (It
-// stops it while idle is false.)
-func (t *timers) armIdle(idle bool, after time.Duration, fire func(gen uint64)) {
+// rearmIdle decides the idle timer's fate at the end of a Receive: while
+// idle is false it is stopped; while idle is true it keeps running, unless
+// a request arrived since the last call, which restarts it. It reports the
+// generation of the timer the caller must start with startIdle, if one.
+// (Deciding apart from starting keeps the timer's callback from being
+// allocated at every Receive.)
+func (t *timers) rearmIdle(idle bool) (gen uint64, start bool) {
 	touched := t.touched
 	t.touched = false
 	if !idle {
 		t.stopIdle()
-		return
+		return 0, false
 	}
 	if t.idleTimer != nil && !touched {
-		return
+		return 0, false
 	}
 	t.stopIdle()
 	t.idleGen++
-	gen := t.idleGen
-	t.idleTimer = time.AfterFunc(after, func() { fire(gen) })
+	return t.idleGen, true
+}
+
+// startIdle starts the idle timer rearmIdle asked for; fire runs when it
+// expires and must send the actor the generation rearmIdle returned.
+func (t *timers) startIdle(after time.Duration, fire func()) {
+	t.idleTimer = time.AfterFunc(after, fire)
 }
 
 // idleFired reports whether a tick of generation gen is the running idle

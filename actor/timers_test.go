@@ -10,20 +10,24 @@ func TestTimers_Idle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var tm timers
 		fired := make(chan uint64, 8)
-		fire := func(gen uint64) { fired <- gen }
 		const after = 30 * time.Second
+		arm := func(idle bool) {
+			if gen, start := tm.rearmIdle(idle); start {
+				tm.startIdle(after, func() { fired <- gen })
+			}
+		}
 
-		tm.armIdle(true, after, fire)
+		arm(true)
 		first := tm.idleGen
 		time.Sleep(after / 2)
 		// Re-armed without a request: the timer keeps running.
-		tm.armIdle(true, after, fire)
+		arm(true)
 		if tm.idleGen != first {
 			t.Fatal("re-armed without a request")
 		}
 		// A request restarts it.
 		tm.touch()
-		tm.armIdle(true, after, fire)
+		arm(true)
 		second := tm.idleGen
 		if second == first {
 			t.Fatal("a request did not restart the timer")
@@ -52,9 +56,14 @@ func TestTimers_IdleStopsWhenBusy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var tm timers
 		fired := make(chan uint64, 8)
-		tm.armIdle(true, time.Second, func(gen uint64) { fired <- gen })
+		arm := func(idle bool) {
+			if gen, start := tm.rearmIdle(idle); start {
+				tm.startIdle(time.Second, func() { fired <- gen })
+			}
+		}
+		arm(true)
 		gen := tm.idleGen
-		tm.armIdle(false, time.Second, func(gen uint64) { fired <- gen })
+		arm(false)
 		if tm.idleTimer != nil {
 			t.Fatal("the timer runs while busy")
 		}
