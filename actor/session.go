@@ -308,9 +308,7 @@ func (s *sessionActor) spawn(f func()) {
 // its timer callback races with the actor on the context's fields.)
 func (s *sessionActor) armIdle() {
 	idle := (s.phase == phaseActive && s.idle()) || s.phase == phaseNew
-	if gen, start := s.rearmIdle(idle); start {
-		s.startIdle(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
-	}
+	s.timers.armIdle(idle, s.h.cfg.HibernateAfter, func(gen uint64) { s.send(&idleTimeout{gen: gen}) })
 }
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
@@ -994,7 +992,7 @@ func catalogEntry(m session.Meta, last session.Seq, state session.State, sb sess
 	return session.CatalogEntry{
 		ID: m.ID, Title: m.Title, Owner: m.Owner, Tenant: m.Tenant, Members: m.Members,
 		CreatedAt: m.CreatedAt, Epoch: m.Epoch, State: state, LastSeq: last, Sandbox: sb,
-		Usage: cloneUsage(m.Usage),
+		Usage: cloneUsage(m.Usage), InvokeConcurrency: m.InvokeConcurrency,
 	}
 }
 
