@@ -308,7 +308,9 @@ func (s *sessionActor) spawn(f func()) {
 // its timer callback races with the actor on the context's fields.)
 func (s *sessionActor) armIdle() {
 	idle := (s.phase == phaseActive && s.idle()) || s.phase == phaseNew
-	s.timers.armIdle(idle, s.h.cfg.HibernateAfter, func(gen uint64) { s.send(&idleTimeout{gen: gen}) })
+	if gen, start := s.rearmIdle(idle); start {
+		s.startIdle(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
+	}
 }
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
