@@ -232,6 +232,23 @@ type AgentOpen struct {
 	// Egress is the sandbox's allowlist (Spec.Egress): the agent's own
 	// egress proxy lets the sandbox reach these hosts and nothing else.
 	Egress []string `json:"egress,omitempty"`
+	// Mounts are Spec.Mounts as the agent makes them: node directories
+	// have no meaning in a VM.
+	Mounts []AgentMount `json:"mounts,omitempty"`
+}
+
+// AgentMount is a directory made visible in a VM's sandbox: a directory of
+// the VM (the image's copy of an agent's program), or one the agent keeps
+// for the sandbox, which Files are written into at every open (an agent's
+// settings from the node's agent home).
+type AgentMount struct {
+	Sandbox  string `json:"sandbox"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	// VM is a directory of the VM; empty: the agent's own for Sandbox.
+	VM string `json:"vm,omitempty"`
+	// Files are written into the agent's own directory: relative
+	// slash-separated paths to contents.
+	Files map[string][]byte `json:"files,omitempty"`
 }
 
 // The model tunnel: a WebSocket connection the node opens to the agent and

@@ -76,6 +76,9 @@ const (
 	// DefaultWindow is how many bytes of each output stream of a command
 	// the provider buffers.
 	DefaultWindow = 1 << 20
+	// DefaultVMAgentsDir is where `atrium vmhost` images built with
+	// --agents hold them (vmhost.ToolsPath).
+	DefaultVMAgentsDir = "/usr/local/atrium"
 )
 
 // Config configures a Provider.
@@ -91,6 +94,15 @@ type Config struct {
 	// Window is the per-stream output buffer of a command; default
 	// DefaultWindow.
 	Window int64
+	// AgentsDir is the node's agents install (compute/agents): a mount of
+	// a directory below it (an agent's program) is made in the VM from
+	// VMAgentsDir, the image's copy. Other mounts (an agent's home) become
+	// directories the VM's agent keeps, seeded with the node directory's
+	// files at every open.
+	AgentsDir string
+	// VMAgentsDir is where VMs hold the agents install; default
+	// DefaultVMAgentsDir.
+	VMAgentsDir string
 	// HTTPClient calls the agents, e.g. with a TLS configuration for
 	// https:// addresses; default a client of its own.
 	HTTPClient *http.Client
@@ -144,6 +156,9 @@ func New(cfg Config) (*Provider, error) {
 	cfg.Window = max(cfg.Window, compute.AgentMaxChunk)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.VMAgentsDir == "" {
+		cfg.VMAgentsDir = DefaultVMAgentsDir
 	}
 	client := cfg.HTTPClient
 	if client == nil {
@@ -338,9 +353,13 @@ func (m *machine) open(ctx context.Context, spec compute.Spec) error {
 
 // openAgentLocked opens the sandbox on a's agent with the current spec.
 func (m *machine) openAgentLocked(ctx context.Context, a *agent, fence int64) error {
-	err := a.call(ctx, http.MethodPost, "/v1/sandbox", fence, compute.AgentOpen{
+	mounts, err := m.p.agentMounts(m.spec.Mounts)
+	if err != nil {
+		return fmt.Errorf("open sandbox %s: %w", m.id, err)
+	}
+	err = a.call(ctx, http.MethodPost, "/v1/sandbox", fence, compute.AgentOpen{
 		Session: m.id, MemoryBytes: m.spec.MemoryBytes, Pids: m.spec.Pids, Network: m.spec.Network,
-		Model: m.spec.ModelSocket != "", Egress: m.spec.Egress,
+		Model: m.spec.ModelSocket != "", Egress: m.spec.Egress, Mounts: mounts,
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("open sandbox %s: %w", m.id, err)

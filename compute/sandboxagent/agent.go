@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -328,6 +329,12 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request, fence int64)
 		Session: req.Session, Fence: fence,
 		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network, Egress: req.Egress,
 	}
+	mounts, err := s.makeMounts(req.Session, req.Mounts)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	spec.Mounts = mounts
 	if req.Model {
 		sock, err := s.startModelLocked()
 		if err != nil {
@@ -377,6 +384,9 @@ func (s *Server) handleDestroy(w http.ResponseWriter, r *http.Request, _ int64) 
 	s.mu.Lock()
 	s.session, s.sandbox = "", nil
 	s.mu.Unlock()
+	if err := os.RemoveAll(filepath.Join(s.cfg.Dir, string(id)+".mounts")); err != nil {
+		s.log.Warn("remove the sandbox's mounts", "session", string(id), "err", err)
+	}
 	s.log.Info("sandbox destroyed", "session", string(id))
 	w.WriteHeader(http.StatusNoContent)
 }

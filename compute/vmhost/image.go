@@ -18,6 +18,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/atriumhq/atrium/compute/remote"
 )
 
 // ImageFormat is the version of the image layout and guest init; an image
@@ -60,7 +62,7 @@ const (
 // ToolsPath/bin/node (also /usr/local/bin/node) and agent NAME at VERSION
 // is ToolsPath/NAME/VERSION, the layout of a node's agents install. It is
 // under /usr, which sandboxes in the guest see read-only.
-const ToolsPath = "/usr/local/atrium"
+const ToolsPath = remote.DefaultVMAgentsDir
 
 // toolsLabel is the tools disk's file system label, by which the guest
 // tells it from the workspace disk.

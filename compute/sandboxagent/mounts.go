@@ -1,0 +1,62 @@
+package sandboxagent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
+)
+
+// maxMountFiles bounds the files the node may seed a mount with.
+const maxMountFiles = 4 << 20
+
+// makeMounts turns the node's mounts into directories of this VM: a VM
+// directory as it is (it must exist), or the agent's own directory for the
+// sandbox path, Dir/<session>.mounts/<hash>, with the node's files written
+// into it.
+func (s *Server) makeMounts(id session.ID, ms []compute.AgentMount) ([]compute.Mount, error) {
+	var out []compute.Mount
+	var total int
+	for _, m := range ms {
+		if !path.IsAbs(m.Sandbox) || path.Clean(m.Sandbox) != m.Sandbox || m.Sandbox == "/" {
+			return nil, session.Errorf(session.CodeBadRequest, "mount: %q is not a clean absolute sandbox path", m.Sandbox)
+		}
+		if m.VM != "" {
+			if fi, err := os.Stat(m.VM); err != nil || !fi.IsDir() {
+				return nil, session.Errorf(session.CodeBadRequest,
+					"mount %s: %s is not a directory of this VM (is the image built with --agents?)", m.Sandbox, m.VM)
+			}
+			out = append(out, compute.Mount{Host: m.VM, Sandbox: m.Sandbox, ReadOnly: m.ReadOnly})
+			continue
+		}
+		sum := sha256.Sum256([]byte(m.Sandbox))
+		dir := filepath.Join(s.cfg.Dir, string(id)+".mounts", hex.EncodeToString(sum[:8]))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("mount %s: %w", m.Sandbox, err)
+		}
+		for name, b := range m.Files {
+			total += len(b)
+			if total > maxMountFiles {
+				return nil, session.Errorf(session.CodePayloadTooLarge, "mount %s: more than %d bytes of files", m.Sandbox, maxMountFiles)
+			}
+			if name == "" || path.IsAbs(name) || path.Clean(name) != name || name == ".." || strings.HasPrefix(name, "../") {
+				return nil, session.Errorf(session.CodeBadRequest, "mount %s: file %q is not a clean relative path", m.Sandbox, name)
+			}
+			p := filepath.Join(dir, filepath.FromSlash(name))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return nil, fmt.Errorf("mount %s: %w", m.Sandbox, err)
+			}
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				return nil, fmt.Errorf("mount %s: %w", m.Sandbox, err)
+			}
+		}
+		out = append(out, compute.Mount{Host: dir, Sandbox: m.Sandbox, ReadOnly: m.ReadOnly})
+	}
+	return out, nil
+}
