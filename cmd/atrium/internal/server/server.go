@@ -936,7 +936,13 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 			return computeWiring{}, errors.New("remote sandboxes need an S3 object store: their VMs move workspaces through presigned URLs (set storage.type s3)")
 		}
 		hook := &countingHook{Hook: cfg.Sandbox.Hook, created: map[session.ID]uint64{}}
-		p, err := remote.New(remote.Config{Hook: hook, Logger: log})
+		agentsDir := cfg.AgentsDir
+		if agentsDir == "" {
+			agentsDir = filepath.Join(cfg.DataDir, agents.DirName)
+		}
+		// An agent's program comes from the VM image's copy (atrium
+		// vmhost image build --agents).
+		p, err := remote.New(remote.Config{Hook: hook, Logger: log, AgentsDir: agentsDir})
 		if err != nil {
 			return computeWiring{}, fmt.Errorf("remote sandboxes: %w", err)
 		}
