@@ -324,10 +324,12 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 			}
 			return
 		}
-		// Rate limit: a frame within a quarter of the TTL of the last one
-		// taken (typing or not since) changes nothing and is dropped
-		// unanswered, so flapping costs at most one change per TTL/4.
-		if now := time.Now(); now.Sub(c.typing) >= c.s.typingTTL/4 {
+		// Rate limit: while typing, a frame within a quarter of the TTL of
+		// the last one taken only extends the typing a little, and is
+		// dropped unanswered. A start after a stop is always taken (the
+		// client sends no other); start/stop flapping reaches the other
+		// watchers at most once per presence flush (presenceSpacing).
+		if now := time.Now(); !c.typingOn || now.Sub(c.typing) >= c.s.typingTTL/4 {
 			c.typing, c.typingOn = now, true
 			c.s.hub.setTyping(c.id, c.w, now.Add(c.s.typingTTL))
 		}
@@ -351,7 +353,6 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 			c.typingOn = false
 			c.s.hub.setTyping(c.id, c.w, time.Time{}) // the prompt is what was being typed
 		}
-		c.typing = time.Time{} // the next prompt's typing shows at once
 	case session.FrameCancel:
 		cmd = session.Command{Op: session.OpCancel}
 	case session.FrameApprove:

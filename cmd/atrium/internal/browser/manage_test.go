@@ -62,9 +62,9 @@ func TestBrowser_Typing(t *testing.T) {
 	// Emptying the box says he stopped, at once.
 	eval[bool](bob, `(() => { const p = document.querySelector('#prompt'); p.value = ''; p.dispatchEvent(new Event('input')); return true; })()`)
 	alice.waitJS("bob's typing ended by emptying the box", `document.querySelector('#typing').hidden`)
-	// The server takes a new start 1.5 s (a quarter of its TTL) after the
-	// last one at the earliest, and the page repeats every 2 s: typing
-	// again shows within that.
+	// Typing again right after the stop shows again: the page's first
+	// frame after a stop is sent at once, and the server takes a start
+	// after a stop whenever it comes (its rate limit holds while typing).
 	bob.typeInto("#prompt", "echo hello from bob")
 	alice.waitJS("bob typing again", `!document.querySelector('#typing').hidden`)
 	bob.enter()
