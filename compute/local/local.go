@@ -562,7 +562,7 @@ func (p *Provider) Close(ctx context.Context) error {
 				return fmt.Errorf("close local compute: %w", ctx.Err())
 			}
 			errs = append(errs, err)
-		} else if err := p.quota.detach(m.workspace); err != nil { // its image is mounted again at the next Open
+		} else if err := p.quota.detach(m.dir); err != nil { // its image is mounted again at the next Open
 			errs = append(errs, fmt.Errorf("close sandbox %s: %w", m.id, err))
 		}
 	}

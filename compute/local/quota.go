@@ -16,9 +16,13 @@ import (
 
 // workspaceQuota gives each sandbox's workspace a file system of its own, of
 // a fixed size: an ext4 image (sparse: it takes the host disk its files
-// take) in the sandbox's directory, loop-mounted on the workspace with
-// nosuid and nodev. A write past the size fails with ENOSPC in the sandbox,
-// and df there shows the quota, not the host disk. It needs root.
+// take) in the sandbox's directory, loop-mounted with nosuid and nodev on
+// <sandbox dir>/disk. The workspace is the directory "workspace" inside it,
+// not the mount point itself, so that a restore (compute/mount) can build
+// the new tree beside it on the same file system and swap the two with one
+// rename, which a mount point refuses. A write past the size fails with
+// ENOSPC in the sandbox, and df there shows the quota, not the host disk.
+// It needs root.
 type workspaceQuota struct {
 	bytes int64
 	owner int // uid and gid of the file system's root directory
@@ -27,8 +31,20 @@ type workspaceQuota struct {
 	umnt  string
 }
 
-// workspaceImage is the name of the workspace image in a sandbox's directory.
-const workspaceImage = "workspace.img"
+// Names in a sandbox's directory with a quota.
+const (
+	// workspaceImage is the image file.
+	workspaceImage = "disk.img"
+	// diskDir is where the image is mounted; the workspace is
+	// diskDir/workspace.
+	diskDir = "disk"
+)
+
+// reservedPercent of a workspace image is for root (see makeImage).
+const reservedPercent = 5
+
+// quotaWorkspace is the workspace of a sandbox in dir with a quota.
+func quotaWorkspace(dir string) string { return filepath.Join(dir, diskDir, "workspace") }
 
 func newWorkspaceQuota(bytes int64, owner int) (*workspaceQuota, error) {
 	if os.Geteuid() != 0 {
@@ -68,28 +84,34 @@ func mounted(dir string) (bool, error) {
 // runs without a quota.
 var errNoLoop = errors.New("the workspace image could not be mounted")
 
-// attach mounts the sandbox's image on workspace, making the image on first
-// use and moving what the workspace held into it. A fresh image is mounted
-// beside the workspace first and moved onto it (mount --move), so if it
-// cannot be mounted at all the error matches errNoLoop and the workspace is
-// as it was, without an image.
-func (q *workspaceQuota) attach(dir, workspace string) error {
+// attach mounts the image of the sandbox in dir on dir/disk, making it on
+// first use and moving into it what the workspace held before (a workspace
+// of a sandbox that ran without the quota, at dir/workspace or, after a
+// best-effort fallback, at dir/disk/workspace). A fresh image is mounted
+// beside its place first and moved onto it (mount --move), so if it cannot
+// be mounted at all the error matches errNoLoop and nothing was changed.
+// The workspace directory itself is made by the caller.
+func (q *workspaceQuota) attach(dir string) error {
 	if q == nil {
 		return nil
 	}
-	if ok, err := mounted(workspace); err != nil || ok {
+	disk := filepath.Join(dir, diskDir)
+	if err := os.MkdirAll(disk, 0o755); err != nil {
+		return err
+	}
+	if ok, err := mounted(disk); err != nil || ok {
 		return err
 	}
 	img := filepath.Join(dir, workspaceImage)
 	if _, err := os.Stat(img); err == nil {
-		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, workspace)
+		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	if err := q.makeImage(img); err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, "workspace.new")
+	tmp := filepath.Join(dir, diskDir+".new")
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
@@ -98,10 +120,16 @@ func (q *workspaceQuota) attach(dir, workspace string) error {
 		_ = os.Remove(img)
 		return fmt.Errorf("%w: %w", errNoLoop, err)
 	}
-	_ = os.Remove(filepath.Join(tmp, "lost+found")) // not the session's file
-	entries, err := os.ReadDir(workspace)
-	if err == nil && len(entries) > 0 { // a workspace from before the quota: copy it in.
-		cp := exec.Command("cp", "-a", workspace+"/.", tmp+"/")
+	newWS := filepath.Join(tmp, "workspace")
+	err := os.Mkdir(newWS, 0o755)
+	var olds []string
+	for _, old := range []string{filepath.Join(dir, "workspace"), quotaWorkspace(dir)} {
+		entries, rerr := os.ReadDir(old)
+		if err != nil || rerr != nil || len(entries) == 0 {
+			continue
+		}
+		olds = append(olds, old)
+		cp := exec.Command("cp", "-a", old+"/.", newWS+"/")
 		if out, cpErr := cp.CombinedOutput(); cpErr != nil {
 			err = fmt.Errorf("move the workspace into its quota (%d bytes): %s", q.bytes, strings.TrimSpace(string(out)))
 		}
@@ -113,19 +141,19 @@ func (q *workspaceQuota) attach(dir, workspace string) error {
 	}
 	// From here the image holds the workspace: it is kept whatever fails,
 	// and the next attach mounts it.
-	for _, e := range entries {
-		if err := removeAll(filepath.Join(workspace, e.Name())); err != nil {
+	for _, old := range olds {
+		if err := removeAll(old); err != nil {
 			_ = q.run(q.umnt, tmp)
 			return err
 		}
 	}
-	if err := q.run(q.mount, "--move", tmp, workspace); err != nil {
+	if err := q.run(q.mount, "--move", tmp, disk); err != nil {
 		// A parent mount with shared propagation refuses a move: mount
-		// the image again, on the workspace.
+		// the image again, in its place.
 		if err := q.run(q.umnt, tmp); err != nil {
 			return err
 		}
-		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, workspace)
+		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk)
 	}
 	return nil
 }
@@ -150,13 +178,19 @@ func (q *workspaceQuota) makeImage(img string) error {
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(q.bytes)
+	// 5% of the file system is reserved for root: the node, which
+	// restores the saved workspace, not the sandbox (its user is the host
+	// uid). A workspace the sandbox filled to its quota thus always fits
+	// again in a fresh image, where the restore needs a little more than
+	// the files for its staging tree's metadata. The image is that much
+	// larger than the quota.
+	err = f.Truncate(q.bytes / (100 - reservedPercent) * 100)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
 		id := strconv.Itoa(q.owner)
-		err = q.run(q.mkfs, "-q", "-F", "-m", "0", "-E", "root_owner="+id+":"+id, img)
+		err = q.run(q.mkfs, "-q", "-F", "-m", strconv.Itoa(reservedPercent), "-E", "root_owner="+id+":"+id, img)
 	}
 	if err != nil {
 		_ = os.Remove(img)
@@ -165,18 +199,19 @@ func (q *workspaceQuota) makeImage(img string) error {
 	return nil
 }
 
-// detach unmounts the workspace if it is mounted.
-func (q *workspaceQuota) detach(workspace string) error {
+// detach unmounts the image of the sandbox in dir if it is mounted.
+func (q *workspaceQuota) detach(dir string) error {
 	if q == nil {
 		return nil
 	}
-	if ok, err := mounted(workspace); err != nil || !ok {
+	disk := filepath.Join(dir, diskDir)
+	if ok, err := mounted(disk); err != nil || !ok {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
 		return err
 	}
-	return q.run(q.umnt, workspace)
+	return q.run(q.umnt, disk)
 }
 
 func (q *workspaceQuota) run(name string, args ...string) error {
@@ -196,7 +231,7 @@ func (q *workspaceQuota) withFull(workspace string, e compute.Exit) compute.Exit
 	if q == nil {
 		return e
 	}
-	if ok, err := mounted(workspace); err != nil || !ok {
+	if ok, err := mounted(filepath.Dir(workspace)); err != nil || !ok {
 		return e // Running without its quota (Config.WorkspaceBestEffort).
 	}
 	var st syscall.Statfs_t

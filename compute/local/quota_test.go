@@ -11,7 +11,9 @@ import (
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/compute/computetest"
+	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/storage/blob"
 )
 
 // Issue 20 finding 4 (the /tmp part): a sandbox's /tmp has a size, and a
@@ -61,19 +63,20 @@ func TestSandbox_WorkspaceQuota(t *testing.T) {
 	if strings.Contains(r.Stdout, "lost+found") {
 		t.Errorf("the workspace shows lost+found: %q", r.Stdout)
 	}
-	if ok, err := mounted(ws); err != nil || !ok {
-		t.Fatalf("workspace mounted: %v %v", ok, err)
+	disk := filepath.Join(dir, string(id), diskDir)
+	if ok, err := mounted(disk); err != nil || !ok {
+		t.Fatalf("workspace image mounted: %v %v", ok, err)
 	}
 	// The host sees the files through the mount.
-	if b, err := os.ReadFile(filepath.Join(ws, "kept")); err != nil || string(b) != "before the quota\n" {
+	if b, err := os.ReadFile(filepath.Join(quotaWorkspace(filepath.Join(dir, string(id))), "kept")); err != nil || string(b) != "before the quota\n" {
 		t.Errorf("host reads %q %v", b, err)
 	}
 	// A provider that closes unmounts it; the next one mounts it again.
 	if err := p.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := mounted(ws); err != nil || ok {
-		t.Fatalf("workspace still mounted after Close: %v %v", ok, err)
+	if ok, err := mounted(disk); err != nil || ok {
+		t.Fatalf("workspace image still mounted after Close: %v %v", ok, err)
 	}
 	p2 := newTestProvider(t, Config{Dir: dir, WorkspaceBytes: 32 << 20})
 	sb2 := computetest.Open(t, p2, compute.Spec{Session: id, Fence: 2})
@@ -131,5 +134,40 @@ func TestSandbox_WorkspaceQuotaBestEffort(t *testing.T) {
 		if err := sb.Destroy(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestSandbox_WorkspaceQuotaRestore: a saved workspace restores into a
+// sandbox with a quota (compute/mount builds the tree beside the workspace
+// and swaps the two with one rename, which a mount point would refuse:
+// the workspace is a directory inside the mounted image), and the restored
+// files are the sandbox's.
+func TestSandbox_WorkspaceQuotaRestore(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	store := &blob.Dir{Path: t.TempDir()}
+	id := session.NewID()
+	p := newTestProvider(t, Config{WorkspaceBytes: 32 << 20})
+	sb := computetest.Open(t, p, compute.Spec{Session: id})
+	computetest.ShOK(t, sb, "mkdir -p src && echo 'package main' > src/main.go && echo notes > notes.txt")
+	ctx := context.Background()
+	vol := &mount.Volume{Blob: store, Prefix: mount.Prefix(id)}
+	ws := sb.(*Sandbox).Workspace()
+	ws.Blob = store // the node reaches the store itself
+	if _, err := vol.Restore(ctx, ws, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vol.Save(ctx, ws, 1); err != nil {
+		t.Fatal(err)
+	}
+	computetest.ShOK(t, sb, "rm notes.txt && echo changed > src/main.go")
+	// A fresh Volume restores the saved copy over what the sandbox changed,
+	// as after a node restart.
+	if _, err := (&mount.Volume{Blob: store, Prefix: mount.Prefix(id)}).Restore(ctx, ws, 2); err != nil {
+		t.Fatalf("restore into a workspace with a quota: %v", err)
+	}
+	if got := computetest.ShOK(t, sb, "cat src/main.go notes.txt; df -k /workspace | tail -1 | awk '{print $2}'"); !strings.HasPrefix(got, "package main\nnotes\n") || len(strings.TrimSpace(strings.TrimPrefix(got, "package main\nnotes\n"))) > 5 {
+		t.Errorf("after the restore the sandbox sees %q, want the saved files on the 32 MiB file system", got)
 	}
 }

@@ -72,11 +72,15 @@ type machine struct {
 
 func newMachine(p *Provider, id session.ID) *machine {
 	dir := filepath.Join(p.cfg.Dir, string(id))
+	ws := filepath.Join(dir, "workspace")
+	if p.quota != nil {
+		ws = quotaWorkspace(dir) // a directory inside the mounted image
+	}
 	return &machine{
 		p:         p,
 		id:        id,
 		dir:       dir,
-		workspace: filepath.Join(dir, "workspace"),
+		workspace: ws,
 		lock:      make(chan struct{}, 1),
 		state:     session.SandboxNone,
 		procs:     make(map[*Process]bool),
@@ -132,15 +136,24 @@ func (m *machine) provisionLocked() error {
 	if err := os.MkdirAll(m.dir, 0o700); err != nil {
 		return fmt.Errorf("create sandbox dir: %w", err)
 	}
-	if err := os.Mkdir(m.workspace, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("create workspace: %w", err)
-	}
-	if err := m.p.quota.attach(m.dir, m.workspace); err != nil {
+	if err := m.p.quota.attach(m.dir); err != nil {
 		if !errors.Is(err, errNoLoop) || !m.p.cfg.WorkspaceBestEffort {
 			return fmt.Errorf("mount the workspace quota: %w", err)
 		}
 		m.p.log.Warn("this sandbox runs WITHOUT its workspace quota: its image could not be mounted; "+
 			"free loop devices (losetup -a) or raise the loop module's max_loop", "session", m.id, "err", err)
+	}
+	if old := filepath.Join(m.dir, "workspace"); old != m.workspace {
+		// Running without the quota after all: a workspace of the layout
+		// without one is moved to where this one is.
+		if _, err := os.Stat(m.workspace); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Rename(old, m.workspace); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("move the workspace: %w", err)
+			}
+		}
+	}
+	if err := os.MkdirAll(m.workspace, 0o755); err != nil {
+		return fmt.Errorf("create workspace: %w", err)
 	}
 	if err := m.p.hostID.own(m.dir, m.workspace); err != nil {
 		return fmt.Errorf("give the workspace to the sandbox host uid: %w", err)
@@ -520,7 +533,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err := m.stopLocked(ctx); err != nil {
 		return err
 	}
-	if err := m.p.quota.detach(m.workspace); err != nil {
+	if err := m.p.quota.detach(m.dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", m.id, err)
 	}
 	if err := removeAll(m.dir); err != nil {

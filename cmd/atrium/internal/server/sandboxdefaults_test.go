@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,12 +74,35 @@ func TestServer_SandboxDefaults(t *testing.T) {
 	if !said {
 		t.Errorf("no error event says the workspace is full (turn %+v)", fin)
 	}
-	st, err := os.Stat(filepath.Join(data, "sandboxes", string(sess.ID), "workspace", "mine.txt"))
+	st, err := os.Stat(filepath.Join(data, "sandboxes", string(sess.ID), "disk", "workspace", "mine.txt")) // inside the mounted image
 	if err != nil {
 		t.Fatal(err)
 	}
 	if uid := st.Sys().(*syscall.Stat_t).Uid; uid != 231072 {
 		t.Errorf("a file made in the sandbox belongs to host uid %d, want 231072", uid)
+	}
+	// The saved workspace restores into a fresh sandbox with a quota, on
+	// a node that lost its sandboxes.
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := s.srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(data, "sandboxes")); err != nil {
+		t.Fatal(err)
+	}
+	s = startStack(t, func(c *server.Config) {
+		c.DataDir = data
+		c.Sandbox.HostUID, c.Sandbox.HostUIDAuto = 231072, true
+		c.Sandbox.WorkspaceDiskBytes, c.Sandbox.WorkspaceDiskAuto = 32<<20, true
+	})
+	alice = s.as("alice")
+	alice.prompt(sess.ID, "cat mine.txt")
+	if fin := alice.waitTurn(sess.ID, 2); fin.Status != session.TurnOK {
+		t.Fatalf("turn 2 after a restore into a sandbox with a quota: %+v", fin)
+	}
+	if out := outputOf(alice.events(sess.ID, 0), 2, "stdout"); out != "hi\n" {
+		t.Errorf("the restored workspace: %q", out)
 	}
 }
 
