@@ -31,7 +31,7 @@ type RetryPolicy struct {
 	Attempts int `json:"attempts"`
 	// Backoff is the wait after the first failed try, a Go duration such
 	// as "30s"; each later wait doubles, up to MaxBackoff, and is jittered
-	// (a random part of it). Defaults DefaultRetryBackoff and
+	// (between half and all of it, session/retry). Defaults DefaultRetryBackoff and
 	// DefaultRetryMaxBackoff.
 	Backoff    string `json:"backoff,omitempty"`
 	MaxBackoff string `json:"max_backoff,omitempty"`
