@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atriumhq/atrium/compute/agents"
+	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/compute/vmhost"
 	"github.com/atriumhq/atrium/session"
@@ -38,6 +40,12 @@ func vmCacheDir() string {
 // staticAtriumAndImage builds a static atrium and the guest image around
 // it, and returns the binary and the image's directory.
 func staticAtriumAndImage(t *testing.T) (string, string) {
+	return staticAtriumAndImageWith(t, "")
+}
+
+// staticAtriumAndImageWith is staticAtriumAndImage with the agents install
+// agentsDir on the image's tools disk ("" none).
+func staticAtriumAndImageWith(t *testing.T, agentsDir string) (string, string) {
 	t.Helper()
 	if _, err := exec.LookPath(vmhost.DefaultQEMU); err != nil {
 		t.Fatal("QEMU is not installed: run .ci/deps")
@@ -49,9 +57,12 @@ func staticAtriumAndImage(t *testing.T) (string, string) {
 		t.Fatalf("build a static atrium: %v: %s", err, out)
 	}
 	dir := filepath.Join(vmCacheDir(), "test-image")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	if agentsDir != "" {
+		dir += "-agents"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if _, err := vmhost.Build(ctx, vmhost.BuildConfig{Dir: dir, Atrium: bin, Version: "devel", Progress: os.Stderr}); err != nil {
+	if _, err := vmhost.Build(ctx, vmhost.BuildConfig{Dir: dir, Atrium: bin, Version: "devel", Agents: agentsDir, Progress: os.Stderr}); err != nil {
 		t.Fatalf("guest image: %v", err)
 	}
 	return bin, dir
@@ -83,11 +94,11 @@ type vmHostProc struct {
 }
 
 // startVMHost runs `atrium vmhost` on listen and waits until it answers.
-func startVMHost(t *testing.T, bin, image, state, listen, tokenFile string) *vmHostProc {
+func startVMHost(t *testing.T, bin, image, state, listen, tokenFile string, extra ...string) *vmHostProc {
 	t.Helper()
 	p := &vmHostProc{out: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, "vmhost", "--listen", listen, "--token-file", tokenFile, "--dir", image,
-		"--state-dir", state, "--max-vms", "2")
+	p.cmd = exec.Command(bin, append([]string{"vmhost", "--listen", listen, "--token-file", tokenFile, "--dir", image,
+		"--state-dir", state, "--max-vms", "2"}, extra...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -243,5 +254,107 @@ storage:
 	vms = vmsOf(t, listen, token, s.ID)
 	if len(vms) != 1 || vms[0].ID == first {
 		t.Fatalf("after the VM host's kill -9 the session's VMs are %+v; want a fresh one", vms)
+	}
+}
+
+// TestDev_VMHostClaude runs the real Claude Code as a session's agent in a
+// VM: `atrium dev` with its sandboxes on `atrium vmhost`, the image built
+// with the agents install (node and the agents on its tools disk), the
+// model a scripted Anthropic API behind the node's model gateway (reached
+// from the VM through the agent's model tunnel).
+func TestDev_VMHostClaude(t *testing.T) {
+	cat, err := agents.New(agents.Config{Dir: agentsCacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := cat.Spec("claude")
+	if in, err := cat.Lookup("claude"); err != nil || in.Version != spec.Version {
+		msg := "SKIPPING REAL-AGENT TEST: claude " + spec.Version + " is not in the agents cache " + agentsCacheDir() + " (run .ci/deps)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	bin, image := staticAtriumAndImageWith(t, agentsCacheDir())
+	up := modeltest.New(t)
+	up.Match(modeltest.HasTools)
+	dir := t.TempDir()
+	s3 := blobtest.StartS3On(t, hostAddress(t))
+	tokenFile := filepath.Join(dir, "vmhost-token")
+	if err := os.WriteFile(tokenFile, []byte("vmhost-claude-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	state, err := os.MkdirTemp("", "vmh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	startVMHost(t, bin, image, state, listen, tokenFile, "--memory", "1024")
+	data := filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(agentsCacheDir(), filepath.Join(data, "agents")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ATRIUM_TEST_ANTHROPIC_KEY", "sk-vm-upstream")
+	cfg := filepath.Join(dir, "atrium.yaml")
+	yaml := fmt.Sprintf(`agent_mode: auto
+models:
+  providers:
+    - name: anthropic
+      kind: anthropic
+      base_url: %s
+      api_key_env: ATRIUM_TEST_ANTHROPIC_KEY
+sandbox:
+  provider: remote
+  remote:
+    vm_hosts:
+      - url: http://%s
+        token_file: %s
+storage:
+  type: s3
+  s3: {endpoint: %q, bucket: %q, access_key: %q, secret_key: %q, insecure: true}
+`, up.URL, listen, tokenFile, s3.Endpoint, s3.Bucket, s3.AccessKey, s3.SecretKey)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startDev(t, data, "--config", cfg)
+	a := api{t: t, base: p.url, user: "ann"}
+	var s session.Session
+	a.must(http.StatusCreated, "POST", "/v1/sessions", map[string]any{"title": "claude in a VM", "agent": "claude"}, &s)
+	up.Push(modeltest.Text("Hello from a VM."))
+	begin := time.Now()
+	a.prompt(s.ID, "Say hello.")
+	fin := waitTurnFor(a, s.ID, 1, 8*time.Minute)
+	if fin.field("status") != string(session.TurnOK) {
+		var errs []string
+		for _, ev := range a.events(s.ID) {
+			if ev.Kind == session.KindError || ev.Kind == session.KindOutput {
+				errs = append(errs, string(ev.raw))
+			}
+		}
+		t.Fatalf("turn 1: %s\n%s", fin.raw, strings.Join(errs, "\n"))
+	}
+	t.Logf("claude's first turn in a VM (TCG) took %v", time.Since(begin).Round(time.Millisecond))
+	var got string
+	for _, ev := range a.events(s.ID) {
+		if ev.Kind == session.KindAgentMessage {
+			got += ev.field("text")
+		}
+	}
+	if !strings.Contains(got, "Hello from a VM.") {
+		t.Fatalf("agent messages %q", got)
+	}
+	for _, r := range up.Requests() {
+		if got := r.Header.Get("X-Api-Key"); got != "sk-vm-upstream" {
+			t.Errorf("upstream request %s carried key %q, want the configured key", r.Path, got)
+		}
 	}
 }

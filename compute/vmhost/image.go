@@ -333,6 +333,8 @@ func writeInitramfs(w io.Writer, root, kver, atrium string) error {
 	for _, applet := range busyboxApplets {
 		c.symlink("bin/"+applet, "busybox")
 	}
+	// Scripts start with #!/usr/bin/env (the agents' node programs).
+	c.symlink("usr/bin/env", "/bin/busybox")
 	bw, err := os.ReadFile(filepath.Join(root, "usr/bin/bwrap"))
 	if err != nil {
 		return fmt.Errorf("vmhost image: bwrap: %w", err)
