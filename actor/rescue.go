@@ -14,6 +14,7 @@ import (
 
 	ajs "github.com/atriumhq/atrium/actor/jetstream"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // Work nobody is connected to wake. A session that is active in the catalog
@@ -280,7 +281,7 @@ func (h *Host) rescue(ctx context.Context, node string) {
 // that node ran again.
 func (h *Host) rescueOne(ctx context.Context, c session.CatalogEntry) {
 	b, _ := json.Marshal(session.PlaceRequest{Op: session.PlaceActivate, Session: c.ID})
-	wait := 50 * time.Millisecond
+	backoff := retry.Policy{Min: 50 * time.Millisecond, Max: time.Second}.BackOff()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		msg := &nats.Msg{Subject: h.cfg.Subjects.PlaceOn(h.cfg.NodeID), Data: b, Header: nats.Header{}}
@@ -298,18 +299,17 @@ func (h *Host) rescueOne(ctx context.Context, c session.CatalogEntry) {
 			return
 		}
 		var serr *session.Error
-		retry := !errors.As(err, &serr) || serr.Code == session.CodeUnavailable
-		if !retry || time.Now().After(deadline) {
+		again := !errors.As(err, &serr) || serr.Code == session.CodeUnavailable
+		if !again || time.Now().After(deadline) {
 			h.log.Warn("rescue a session of a node that is gone", "session", c.ID, "err", err)
 			return
 		}
 		h.log.Info("rescue a session of a node that is gone: retrying", "session", c.ID, "err", err)
 		select {
-		case <-time.After(wait):
+		case <-time.After(backoff.NextBackOff()):
 		case <-ctx.Done():
 			return
 		}
-		wait = min(2*wait, time.Second)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	njs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // Defaults of Events.
@@ -82,7 +84,7 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 	var firstFailure time.Time
 	pending := msgs
 	futures := make([]njs.PubAckFuture, 0, len(msgs))
-	wait := retryMin
+	backoff := retry.Policy{Min: retryMin, Max: retryMax}.BackOff()
 	for first := true; ; first = false {
 		futures = futures[:0]
 		if err := guard(); err != nil {
@@ -138,14 +140,13 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 				len(failed), time.Since(firstFailure).Round(time.Millisecond), lastErr)
 		}
 		e.log.Debug("capture events: retrying", "messages", len(failed), "err", lastErr)
-		t := time.NewTimer(wait)
+		t := time.NewTimer(backoff.NextBackOff())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return top, fmt.Errorf("capture events: %w (last error: %v)", context.Cause(ctx), lastErr)
 		}
-		wait = min(2*wait, retryMax)
 		pending = failed
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/atriumhq/atrium/compute"
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // agent is the client of one VM's sandbox agent.
@@ -149,7 +150,7 @@ func (a *agent) health(ctx context.Context) (compute.AgentHealth, error) {
 
 // waitHealthy polls the health endpoint until it answers or ctx ends.
 func (a *agent) waitHealthy(ctx context.Context) (compute.AgentHealth, error) {
-	delay := 5 * time.Millisecond
+	backoff := retry.Policy{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond}.BackOff()
 	for {
 		hctx, cancel := context.WithTimeout(ctx, a.p.cfg.RequestTimeout)
 		h, err := a.health(hctx)
@@ -157,7 +158,7 @@ func (a *agent) waitHealthy(ctx context.Context) (compute.AgentHealth, error) {
 		if err == nil {
 			return h, nil
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(backoff.NextBackOff())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -166,6 +167,5 @@ func (a *agent) waitHealthy(ctx context.Context) (compute.AgentHealth, error) {
 				"the sandbox agent at %s did not become healthy (%v): check that the provisioning hook starts "+
 					"`atrium sandbox-agent` listening on that address and that this node can reach it", a.vm.Addr, err)
 		}
-		delay = min(2*delay, 200*time.Millisecond)
 	}
 }
