@@ -163,7 +163,7 @@ in docs/benchmarks.md.`,
 	f.IntVar(&cfg.ActivationSessions, "activation-sessions", bench.DefaultActivationSessions, "hibernated sessions woken, 64 at a time, by the activation scenario")
 	f.IntVar(&cfg.Sessions, "sessions", bench.DefaultSessions, "sessions hibernated by the memory scenario")
 	f.IntVar(&cfg.ResumeEvents, "resume-events", bench.DefaultResumeEvents, "history length replayed by the resume scenario")
-	f.StringVar(&cfg.PeerCentrifugo, "peer-centrifugo", "", "a Centrifugo v6 server (http://APIKEY@host:port) the resume scenario also replays the same history from")
+	f.StringVar(&cfg.PeerCentrifugo, "peer-centrifugo", "", "a Centrifugo v6 server (http://APIKEY@host:port): the resume scenario also replays the same history from it, the fan-out scenario also fans out through it")
 	f.StringVar(&cfg.AgentBin, "agent-bin", "", "a scripted ACP agent program (go build ./actor/testdata/acpagent) for the agent scenario")
 	f.IntVar(&cfg.AgentTurns, "agent-turns", bench.DefaultAgentTurns, "warm agent turns timed by the agent scenario")
 	f.StringVar(&cfg.DataDir, "data", "", "directory for the servers' data (default: a temporary directory, removed afterwards)")

@@ -125,8 +125,9 @@ type Config struct {
 	// scenario, and ResumeRuns the number of replays timed.
 	ResumeEvents, ResumeRuns int
 	// PeerCentrifugo, if set (http://APIKEY@host:port), is a Centrifugo v6
-	// server that the resume scenario replays the same history from, in
-	// the same run, for comparison.
+	// server that the resume scenario replays the same history from and
+	// the fan-out scenario fans out through, in the same run, for
+	// comparison.
 	PeerCentrifugo string
 	// DataDir is where each scenario's server keeps its data (one
 	// subdirectory per scenario, removed afterwards). Empty means a fresh

@@ -32,6 +32,8 @@ type fanSide struct {
 	set  receiverSet
 	n    int // receivers opened
 	prod producer
+	// cpu is the server's CPU time so far; nil means this process's.
+	cpu func() time.Duration
 }
 
 // producer creates events at the pace's command.
@@ -120,7 +122,11 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 	if err != nil {
 		return phase{}, err
 	}
-	cpu0 := processCPU()
+	cpuOf := processCPU
+	if f.cpu != nil {
+		cpuOf = f.cpu
+	}
+	cpu0 := cpuOf()
 	seq0 := f.prod.lastSeq()
 	err0 := f.prod.errors()
 	start := time.Now()
@@ -143,7 +149,7 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 		return st.Live == 0 || st.MinLast >= seq1
 	})
 	delivering := time.Since(start)
-	cpu1 := processCPU()
+	cpu1 := cpuOf()
 	st1, err := f.set.status()
 	if err = errors.Join(stErr, err); err != nil {
 		return phase{}, err
@@ -298,14 +304,38 @@ func (r *runner) ramp(ctx context.Context, f *fanSide, base phase) (best phase, 
 	return best, ok, stop, nil
 }
 
-// fanout measures WebSocket fan-out through Atrium and the same fan-out
-// through raw NATS.
+// fanout measures WebSocket fan-out through Atrium, the same fan-out
+// through raw NATS and, with a peer, through Centrifugo.
 func (r *runner) fanout(ctx context.Context) ([]Result, error) {
 	ws, wsErr := r.fanoutAtrium(ctx)
 	nt, ntErr := r.fanoutNATS(ctx)
+	var cf fanOutcome
+	var cfErr error
+	if r.cfg.PeerCentrifugo != "" {
+		peer, err := newCentrifugo(r.cfg.PeerCentrifugo)
+		if err != nil {
+			cfErr = err
+		} else {
+			cf, cfErr = r.fanoutCentrifugo(ctx, peer)
+		}
+	}
 	var out []Result
 	out = append(out, ws.rows...)
 	out = append(out, nt.rows...)
+	out = append(out, cf.rows...)
+	if ws.base != nil && cf.base != nil && ws.base.delivered > 0 && cf.base.delivered > 0 && cf.base.serverCPU > 0 {
+		w := float64(ws.base.serverCPU) / float64(time.Microsecond) / float64(ws.base.delivered)
+		c := float64(cf.base.serverCPU) / float64(time.Microsecond) / float64(cf.base.delivered)
+		out = append(out, Result{Scenario: ScenarioFanout, Measure: fmt.Sprintf("Centrifugo server CPU per delivery at %d ev/s", r.cfg.Rate), Unit: "µs", Value: c,
+			Note: fmt.Sprintf("Atrium %.1f µs: Atrium/Centrifugo = %.2f×", w, w/c)})
+	}
+	if ws.max > 0 && cf.max > 0 {
+		for i := range out {
+			if out[i].Measure == maxMeasure("ws") {
+				out[i].Note = joinNote(out[i].Note, fmt.Sprintf("Centrifugo sustains %s/s: Atrium/Centrifugo = %.2f (target ≥ 1.5)", fmtCount(cf.max), ws.max/cf.max))
+			}
+		}
+	}
 	if ws.base != nil && nt.base != nil {
 		wp, np := ws.base.hist.Quantile(0.99), nt.base.hist.Quantile(0.99)
 		out[0].Note = joinNote(out[0].Note, fmt.Sprintf("raw NATS p99 %s: Atrium/NATS = %.1f×", fmtMS(ms(np)), float64(wp)/float64(max(np, 1))))
@@ -328,7 +358,7 @@ func (r *runner) fanout(ctx context.Context) ([]Result, error) {
 			}
 		}
 	}
-	return out, errors.Join(wsErr, ntErr)
+	return out, errors.Join(wsErr, ntErr, cfErr)
 }
 
 func joinNote(a, b string) string {
@@ -339,8 +369,11 @@ func joinNote(a, b string) string {
 }
 
 func maxMeasure(side string) string {
-	if side == "ws" {
+	switch side {
+	case "ws":
 		return "max sustained fan-out (WebSocket)"
+	case "centrifugo":
+		return "max sustained fan-out (Centrifugo WebSocket)"
 	}
 	return "max sustained fan-out (raw NATS)"
 }
@@ -376,6 +409,8 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 		row.Measure = fmt.Sprintf("commit→receive, %d WebSockets, %d ev/s", n, r.cfg.Rate)
 		row.Target = "p99 < 25 ms"
 		row.Met = met(good && p.hist.Quantile(0.99) < fanoutP99Target)
+	} else if side == "centrifugo" {
+		row.Measure = fmt.Sprintf("publish→receive, %d Centrifugo WebSockets, %d ev/s", n, r.cfg.Rate)
 	} else {
 		row.Measure = fmt.Sprintf("publish→receive, %d raw NATS subs, %d ev/s", n, r.cfg.Rate)
 	}

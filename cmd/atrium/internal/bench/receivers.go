@@ -37,16 +37,78 @@ type receiver struct {
 // onFrame records an event frame's commit-to-receive latency. Both clocks
 // are this machine's wall clock, whichever process reads them.
 func (r *receiver) onFrame(s *sink, frame []byte) {
+	if body, ok := bytes.CutPrefix(frame, []byte(session.EventsFrameHead)); ok {
+		r.onEvents(s, body)
+		return
+	}
 	seq, t, ok := parseEventFrame(frame)
 	if !ok {
 		return
 	}
+	r.record(s, seq, t)
+}
+
+// record counts one delivery of event seq committed at t.
+func (r *receiver) record(s *sink, seq int64, t time.Time) {
 	s.hist.Load().Record(time.Since(t))
 	s.delivered.Add(1)
 	if last := r.last.Load(); last != 0 && seq != last+1 {
 		s.gaps.Add(1)
 	}
 	r.last.Store(seq)
+}
+
+// onEvents records each event of an events frame (atrium.v1+batch; b
+// follows session.EventsFrameHead), scanning like parseEventsFrame. A frame
+// that does not parse counts as a gap.
+func (r *receiver) onEvents(s *sink, b []byte) {
+	for len(b) > 0 && b[0] == '{' {
+		end := objectEnd(b)
+		if end < 0 {
+			s.gaps.Add(1)
+			return
+		}
+		seq, ok1 := scanInt(b[:end], `"seq":`)
+		t, ok2 := scanTime(b[:end])
+		if !ok1 || !ok2 {
+			s.gaps.Add(1)
+			return
+		}
+		r.record(s, seq, t)
+		b = b[end:]
+		if len(b) > 0 && b[0] == ',' {
+			b = b[1:]
+		}
+	}
+}
+
+// onCentrifugo records the publications of a Centrifugo JSON-protocol
+// message: newline-separated replies and pushes; a push's publication holds
+// its offset (the seq) and, in its data, the publish time. An empty
+// command ({}) is the server's ping: pong answers it.
+func (r *receiver) onCentrifugo(s *sink, frame []byte, pong func()) {
+	for len(frame) > 0 {
+		line := frame
+		if i := bytes.IndexByte(frame, '\n'); i >= 0 {
+			line, frame = frame[:i], frame[i+1:]
+		} else {
+			frame = nil
+		}
+		if string(line) == "{}" {
+			pong()
+			continue
+		}
+		if !bytes.HasPrefix(line, []byte(`{"push":`)) || !bytes.Contains(line, []byte(`"pub":`)) {
+			continue
+		}
+		seq, ok1 := scanInt(line, `"offset":`)
+		t, ok2 := scanTime(line)
+		if !ok1 || !ok2 {
+			s.gaps.Add(1)
+			continue
+		}
+		r.record(s, seq, t)
+	}
 }
 
 // recvStatus is what a set of receivers reports.
@@ -69,6 +131,9 @@ type receiverSet interface {
 	openWS(ctx context.Context, base, user string, id session.ID, after session.Seq, n int) error
 	// openNATS opens n NATS connections subscribed to subject.
 	openNATS(ctx context.Context, url, subject string, n int) error
+	// openCentrifugo opens n Centrifugo WebSocket connections (url
+	// ws://host:port/connection/websocket) subscribed to channel.
+	openCentrifugo(ctx context.Context, url, channel string, n int) error
 	// startPhase starts a new latency histogram.
 	startPhase() error
 	status() (recvStatus, error)
@@ -131,7 +196,7 @@ func openParallel(ctx context.Context, n int, open func(ctx context.Context, i i
 func (s *localSet) openWS(ctx context.Context, base, user string, id session.ID, after session.Seq, n int) error {
 	c := newClient(base, user)
 	return openParallel(ctx, n, func(ctx context.Context, i int) error {
-		w, err := c.dialWS(ctx, id, after)
+		w, err := c.dialWSWith(ctx, id, after, session.SubprotocolBatch, session.Subprotocol)
 		if err != nil {
 			return fmt.Errorf("open watcher %d: %w", i, err)
 		}
@@ -141,6 +206,27 @@ func (s *localSet) openWS(ctx context.Context, base, user string, id session.ID,
 		s.wg.Go(func() {
 			defer rc.closed.Store(true)
 			_ = w.readLoop(func(frame []byte) { rc.onFrame(&s.sink, frame) })
+		})
+		return nil
+	})
+}
+
+func (s *localSet) openCentrifugo(ctx context.Context, url, channel string, n int) error {
+	return openParallel(ctx, n, func(ctx context.Context, i int) error {
+		w, err := dialCentrifugo(ctx, url, channel)
+		if err != nil {
+			return fmt.Errorf("centrifugo subscriber %d: %w", i, err)
+		}
+		rc := &receiver{}
+		s.add(rc, w.close)
+		pong := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = w.write(ctx, []byte("{}"))
+		}
+		s.wg.Go(func() {
+			defer rc.closed.Store(true)
+			_ = w.readLoop(func(frame []byte) { rc.onCentrifugo(&s.sink, frame, pong) })
 		})
 		return nil
 	})
@@ -270,6 +356,11 @@ func (c *childSet) openNATS(_ context.Context, url, subject string, n int) error
 	return err
 }
 
+func (c *childSet) openCentrifugo(_ context.Context, url, channel string, n int) error {
+	_, err := c.request(fmt.Sprintf("centrifugo %d %s %s", n, url, channel))
+	return err
+}
+
 func (c *childSet) startPhase() error {
 	_, err := c.request("phase")
 	return err
@@ -311,6 +402,7 @@ func (c *childSet) close() error {
 //
 //	ws N URL USER SESSION AFTER   open N WebSocket watchers resuming after AFTER
 //	nats N URL SUBJECT            open N NATS connections subscribed to SUBJECT
+//	centrifugo N URL CHANNEL      open N Centrifugo WebSockets subscribed to CHANNEL
 //	phase                         start a new latency histogram
 //	status                        counters as JSON
 //	hist                          the latency histogram as JSON
@@ -347,6 +439,11 @@ func RunWatchers(ctx context.Context, in io.Reader, out io.Writer) error {
 			var n int
 			if n, err = strconv.Atoi(f[1]); err == nil {
 				err = set.openNATS(ctx, f[2], f[3], n)
+			}
+		case f[0] == "centrifugo" && len(f) == 4:
+			var n int
+			if n, err = strconv.Atoi(f[1]); err == nil {
+				err = set.openCentrifugo(ctx, f[2], f[3], n)
 			}
 		case f[0] == "phase":
 			err = set.startPhase()
