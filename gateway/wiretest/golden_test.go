@@ -140,6 +140,12 @@ func wireShapes() []wireShape {
 		{"secret/client", api.SecretValue{Value: &secret}},
 		{"secret_list/server", api.SecretList{Secrets: []session.SecretInfo{}}},
 		{"egress/client", api.Egress{Allow: &[]string{}}},
+		// GET /auth/config.
+		{"auth_config/server/full", auth.ConfigInfo{Mode: "oidc", Issuer: "https://id", ClientID: "cli", ClientSecret: "s",
+			Scopes: []string{"openid"}, LoginURL: "/auth/login", DevUser: "ann"}},
+		{"auth_config/server/empty", auth.ConfigInfo{Mode: "tokens"}},
+		{"auth_config/client/full", client.AuthConfig{Mode: "oidc", Issuer: "https://id", ClientID: "cli", ClientSecret: "s",
+			Scopes: []string{"openid"}, LoginURL: "/auth/login"}},
 		// POST /v1/sessions/{id}/invoke's events and its cancel body.
 		{"invoke_start/server", api.InvokeStart{InvokeID: "inv_1", Session: "s_1", Seq: 7, Turn: 3}},
 		{"invoke_text/server", api.InvokeText{Text: "out"}},
