@@ -44,18 +44,76 @@ func (r *runner) append(ctx context.Context) (_ []Result, err error) {
 			return out, err
 		}
 		r.progress("append %s: sending for %s", mode, r.cfg.Duration)
+		cpu0 := processCPU()
 		h, n, err := run(ctx, d.c, s.ID, r.cfg.Duration)
 		if err != nil {
 			return out, err
 		}
+		cpu := processCPU() - cpu0
 		rate := float64(n) / r.cfg.Duration.Seconds()
 		row := latencyRow(Result{Scenario: ScenarioAppend, Measure: measure, Unit: "events/s", Target: "≥ 20,000 events/s", Value: rate}, h)
 		row.Met = met(rate >= appendTarget)
 		row.Note = "median/p99: prompt → ack (durable)"
+		if n > 0 {
+			row.Note = joinNote(row.Note, fmt.Sprintf("process CPU %.1f µs/event (server and clients)", perEvent(cpu, n)))
+		}
 		r.progress("append %s: %s acknowledged events/s, ack p50 %s p99 %s", mode, fmtCount(rate), fmtMS(row.Median), fmtMS(row.P99))
+		if mode == "ws" && r.cfg.PeerCentrifugo != "" {
+			prow, ratio, err := r.appendPeer(ctx, cpu, n)
+			if err != nil {
+				return out, err
+			}
+			row.Note = joinNote(row.Note, ratio)
+			out = append(out, row, prow)
+			continue
+		}
 		out = append(out, row)
 	}
 	return out, nil
+}
+
+func perEvent(cpu time.Duration, n int64) float64 {
+	return float64(cpu) / float64(time.Microsecond) / float64(n)
+}
+
+// appendPeer runs appendCentrifugo right after Atrium's WebSocket run
+// (whose process CPU was atriumCPU for n events) and compares: Centrifugo's
+// server CPU per event, and Atrium's server CPU estimated as its process
+// CPU less this process's CPU per event during the Centrifugo run (the
+// same client work: frames written and read).
+func (r *runner) appendPeer(ctx context.Context, atriumCPU time.Duration, n int64) (_ Result, ratio string, _ error) {
+	peer, err := newCentrifugo(r.cfg.PeerCentrifugo)
+	if err != nil {
+		return Result{}, "", err
+	}
+	pid := findProcess("centrifugo")
+	if _, _, err := r.appendCentrifugo(ctx, peer, min(time.Second, r.cfg.Duration)); err != nil { // warm-up
+		return Result{}, "", err
+	}
+	r.progress("append centrifugo: publishing for %s", r.cfg.Duration)
+	c0, s0 := processCPU(), pidCPU(pid)
+	h, cn, err := r.appendCentrifugo(ctx, peer, r.cfg.Duration)
+	if err != nil {
+		return Result{}, "", err
+	}
+	clientCPU, serverCPU := processCPU()-c0, pidCPU(pid)-s0
+	rate := float64(cn) / r.cfg.Duration.Seconds()
+	row := latencyRow(Result{Scenario: ScenarioAppend, Measure: fmt.Sprintf("Centrifugo publish, WebSocket, %d conns × %d in flight", r.cfg.WSConns, r.cfg.WSWindow), Unit: "events/s", Value: rate}, h)
+	row.Note = "median/p99: publish → reply (history in memory)"
+	r.progress("append centrifugo: %s acknowledged publications/s, p50 %s p99 %s", fmtCount(rate), fmtMS(row.Median), fmtMS(row.P99))
+	if cn == 0 || n == 0 {
+		return row, "", nil
+	}
+	client := perEvent(clientCPU, cn)
+	row.Note = joinNote(row.Note, fmt.Sprintf("clients %.1f µs/event", client))
+	if pid > 0 {
+		srv := perEvent(serverCPU, cn)
+		atrium := perEvent(atriumCPU, n) - client
+		row.Note = joinNote(row.Note, fmt.Sprintf("server CPU %.1f µs/event", srv))
+		ratio = fmt.Sprintf("server ≈ %.1f µs/event (process less the clients' %.1f of the Centrifugo run) = %.2f× Centrifugo's %.1f (target ≤ 2); rate %.2f× Centrifugo's",
+			atrium, client, atrium/srv, srv, float64(n)/float64(cn))
+	}
+	return row, ratio, nil
 }
 
 // appendREST posts prompts from cfg.Senders goroutines for d and returns
