@@ -176,6 +176,9 @@ func (a *automation) createSchedule(w http.ResponseWriter, r *http.Request, p se
 	}
 	e := entry(p, remoteOf(r), actScheduleCreated)
 	e.Session, e.Target, e.Detail = string(sc.Session), sc.ID, fmt.Sprintf("cron %q tz %s missed %s", sc.Cron, sc.TZ, sc.Missed)
+	if r := sc.Retry; r != nil {
+		e.Detail += fmt.Sprintf(", retry %d attempts", r.Attempts)
+	}
 	s.record(r.Context(), e)
 	w.Header().Set("Location", "/v1/schedules/"+sc.ID)
 	writeJSON(w, http.StatusCreated, sc)

@@ -91,6 +91,12 @@ func (rt taskRoutes) startTask(w http.ResponseWriter, r *http.Request, p session
 	}
 	e := entry(p, remoteOf(r), ActTaskStarted)
 	e.Session, e.Target, e.Detail = string(t.Session), t.ID, "repo "+t.Repo+", base "+t.Base
+	if t.Agent != "" {
+		e.Detail += ", agent " + t.Agent
+	}
+	if r := t.Retry; r != nil {
+		e.Detail += fmt.Sprintf(", retry %d attempts", r.Attempts)
+	}
 	s.record(r.Context(), e)
 	w.Header().Set("Location", "/v1/tasks/"+t.ID)
 	writeJSON(w, http.StatusAccepted, api.StartedTask{Task: t.ID, Session: t.Session, Branch: t.Branch})
