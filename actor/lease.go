@@ -344,12 +344,14 @@ func errLeaseHeld(id session.ID, node string, ttl time.Duration) error {
 // a live incarnation holds fails with errLeaseHeld. lost runs if the node's
 // lease is lost while the session is held.
 func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*lease, error) {
+	if err := h.storeFull(); err != nil {
+		// The record's write would wait on the same full disk (seen: 10 s
+		// and more, past the gateway's timeout): refuse at once, saying
+		// why; this also says why the node lease cannot be renewed.
+		return nil, session.Errorf(session.CodeUnavailable, "this node cannot take session %s now: %v; retry", id, err)
+	}
 	inc, _, ok := h.node.current()
 	if !ok {
-		if err := h.storeFull(); err != nil {
-			// Why the node cannot renew its lease, said precisely.
-			return nil, session.Errorf(session.CodeUnavailable, "this node cannot take sessions: %v; retry", err)
-		}
 		return nil, errNoNodeLease
 	}
 	// A node cut off from NATS must not wait long for it.
