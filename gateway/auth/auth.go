@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/api"
 )
 
 // Authenticator identifies the caller of an HTTP request.
@@ -53,26 +54,14 @@ type Refresher interface {
 
 // Login modes of ConfigInfo.
 const (
-	ModeOIDC   = "oidc"   // log in at the OIDC issuer; bearers are its tokens or API tokens
-	ModeDev    = "dev"    // the loopback-only dev identity of `atrium dev`
-	ModeTokens = "tokens" // API tokens only: no interactive login
+	ModeOIDC   = api.AuthModeOIDC   // log in at the OIDC issuer; bearers are its tokens or API tokens
+	ModeDev    = api.AuthModeDev    // the loopback-only dev identity of `atrium dev`
+	ModeTokens = api.AuthModeTokens // API tokens only: no interactive login
 )
 
-// ConfigInfo is the answer of GET /auth/config: how clients log in. ClientID
-// and ClientSecret are those of the CLI's client, a public "installed app"
-// client whose secret is not confidential; the browser client's secret is
-// never published.
-type ConfigInfo struct {
-	Mode         string   `json:"mode"`
-	Issuer       string   `json:"issuer,omitempty"`
-	ClientID     string   `json:"client_id,omitempty"`
-	ClientSecret string   `json:"client_secret,omitempty"`
-	Scopes       []string `json:"scopes,omitempty"`
-	LoginURL     string   `json:"login_url,omitempty"`
-	// DevUser is, in mode dev, the user name the sign-in form suggests:
-	// the one the CLI on the server's machine acts as by default.
-	DevUser string `json:"dev_user,omitempty"`
-}
+// ConfigInfo is the answer of GET /auth/config: how clients log in
+// (api.AuthConfig).
+type ConfigInfo = api.AuthConfig
 
 // ErrNoCredentials means the request carries no credentials the
 // authenticator recognises. It matches session.ErrUnauthenticated too.

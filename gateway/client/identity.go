@@ -27,32 +27,13 @@ func (f TokenFunc) Token(ctx context.Context) (string, error) { return f(ctx) }
 
 // Authentication modes of a server, the Mode of its AuthConfig.
 const (
-	// AuthModeOIDC: people log in through the OIDC issuer; API tokens
-	// work too.
-	AuthModeOIDC = "oidc"
-	// AuthModeDev: `atrium dev` without an issuer; the bearer
-	// "dev:<user>" is anyone it names, from loopback only.
-	AuthModeDev = "dev"
-	// AuthModeTokens: only Atrium API tokens are accepted.
-	AuthModeTokens = "tokens"
+	AuthModeOIDC   = api.AuthModeOIDC
+	AuthModeDev    = api.AuthModeDev
+	AuthModeTokens = api.AuthModeTokens
 )
 
 // AuthConfig is how a server authenticates callers: GET /auth/config.
-type AuthConfig struct {
-	// Mode is AuthModeOIDC, AuthModeDev or AuthModeTokens.
-	Mode string `json:"mode"`
-	// Issuer is the OIDC issuer URL (mode oidc).
-	Issuer string `json:"issuer,omitempty"`
-	// ClientID and ClientSecret identify the CLI to the issuer. They are
-	// a public "installed application" client: the secret is not
-	// confidential, some providers require one anyway.
-	ClientID     string `json:"client_id,omitempty"`
-	ClientSecret string `json:"client_secret,omitempty"`
-	// Scopes are the scopes to request; empty means the CLI's defaults.
-	Scopes []string `json:"scopes,omitempty"`
-	// LoginURL is the browser login path ("/auth/login" or "/auth/dev").
-	LoginURL string `json:"login_url,omitempty"`
-}
+type AuthConfig = api.AuthConfig
 
 // The wire shapes of identity, tokens and the audit log (declared in
 // session/api).

@@ -96,3 +96,37 @@ type AuditPage struct {
 	// Next is the cursor of the following (older) page; "" at the end.
 	Next string `json:"next"`
 }
+
+// Authentication modes of a server, the Mode of its AuthConfig.
+const (
+	// AuthModeOIDC: people log in through the OIDC issuer; bearers are its
+	// tokens or API tokens.
+	AuthModeOIDC = "oidc"
+	// AuthModeDev: `atrium dev` without an issuer; the bearer "dev:<user>"
+	// is anyone it names, from loopback only.
+	AuthModeDev = "dev"
+	// AuthModeTokens: only Atrium API tokens are accepted; no interactive
+	// login.
+	AuthModeTokens = "tokens"
+)
+
+// AuthConfig is how a server authenticates callers: GET /auth/config.
+type AuthConfig struct {
+	// Mode is AuthModeOIDC, AuthModeDev or AuthModeTokens.
+	Mode string `json:"mode"`
+	// Issuer is the OIDC issuer URL (mode oidc).
+	Issuer string `json:"issuer,omitempty"`
+	// ClientID and ClientSecret identify the CLI to the issuer. They are
+	// a public "installed application" client: the secret is not
+	// confidential, some providers require one anyway. The browser
+	// client's secret is never published.
+	ClientID     string `json:"client_id,omitempty"`
+	ClientSecret string `json:"client_secret,omitempty"`
+	// Scopes are the scopes to request; empty means the CLI's defaults.
+	Scopes []string `json:"scopes,omitempty"`
+	// LoginURL is the browser login path ("/auth/login" or "/auth/dev").
+	LoginURL string `json:"login_url,omitempty"`
+	// DevUser is, in mode dev, the user name the sign-in form suggests:
+	// the one the CLI on the server's machine acts as by default.
+	DevUser string `json:"dev_user,omitempty"`
+}
