@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,12 +89,17 @@ func TestCapture_Guards(t *testing.T) {
 		t.Fatal("a failed capture left the lease unmarked")
 	}
 	l.release(t.Context())
+	// While the store is full no session is taken: its record's write
+	// would wait on the same disk.
+	if _, err := h.acquireLease(t.Context(), id, nil); !errors.Is(err, session.ErrUnavailable) || !strings.Contains(err.Error(), "out of space") {
+		t.Fatalf("acquire on a full store: %v, want unavailable naming the full store", err)
+	}
+	h.cfg.StoreFull = nil
 	if l2, err := h.acquireLease(t.Context(), id, nil); err != nil || l2.continued {
 		t.Fatalf("after a failed capture the next activation continued = %v (%v), want a full comparison", l2 != nil && l2.continued, err)
 	}
 
-	// A lease lost meanwhile: nothing published, whatever the store says.
-	h.cfg.StoreFull = nil
+	// A lease lost meanwhile: nothing published.
 	h.node.lose("test")
 	if _, err := h.captureEvents(t.Context(), id, "e", evs, nil); !errors.Is(err, errLeaseLost) || ev.count() != 1 {
 		t.Fatalf("capture after the node lease was lost: %v (%d published), want errLeaseLost", err, ev.count())
