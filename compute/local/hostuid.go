@@ -155,6 +155,27 @@ func (h *hostIdentity) own(dir, workspace string) error {
 	})
 }
 
+// ownTree gives the tree at dir (a writable mount, such as an agent's
+// home) to the host uid, unless dir is already its.
+func (h *hostIdentity) ownTree(dir string) error {
+	if h == nil {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == h.uid && int(st.Gid) == h.uid {
+		return nil
+	}
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, h.uid, h.uid)
+	})
+}
+
 // ownFile gives the file at path (a socket the sandbox connects to) to the
 // host uid.
 func (h *hostIdentity) ownFile(path string) error {

@@ -121,3 +121,35 @@ func TestSandbox_HostUIDModelGateway(t *testing.T) {
 		t.Fatalf("answer %q (stderr %q)", r.Stdout, r.Stderr)
 	}
 }
+
+// TestSandbox_HostUIDWritableMount: a writable mount the node made (an
+// agent's home) is given to the host uid, so the sandbox can write it; a
+// read-only one is left as it is.
+func TestSandbox_HostUIDWritableMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	dir := searchableDir(t)
+	home := filepath.Join(filepath.Dir(dir), "home")
+	ro := filepath.Join(filepath.Dir(dir), "ro")
+	for _, d := range []string{filepath.Join(home, ".config"), ro} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := newTestProvider(t, Config{Dir: dir, HostUID: testHostUID})
+	sb := computetest.Open(t, p, compute.Spec{Session: session.NewID(), Mounts: []compute.Mount{
+		{Host: home, Sandbox: "/home/agent"}, {Host: ro, Sandbox: "/opt/ro", ReadOnly: true}}})
+	if got := computetest.ShOK(t, sb, "echo x > /home/agent/.config/f && cat /home/agent/.config/f"); got != "x\n" {
+		t.Errorf("writing the agent's home: %q", got)
+	}
+	for d, want := range map[string]uint32{filepath.Join(home, ".config"): testHostUID, ro: 0} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != want {
+			t.Errorf("%s belongs to %d, want %d", d, uid, want)
+		}
+	}
+}

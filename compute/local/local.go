@@ -355,6 +355,15 @@ func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
 		return limits{}, err
 	}
 	lim.mounts = mounts
+	for _, mt := range mounts {
+		// A writable mount (an agent's home) must be writable by the
+		// sandbox's user: the host uid, when there is one.
+		if !mt.ReadOnly {
+			if err := p.hostID.ownTree(mt.Host); err != nil {
+				return limits{}, fmt.Errorf("give the mount %s to the sandbox host uid: %w", mt.Host, err)
+			}
+		}
+	}
 	if spec.ModelSocket != "" {
 		if err := checkModelSocket(spec.ModelSocket); err != nil {
 			return limits{}, err

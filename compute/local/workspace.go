@@ -12,6 +12,13 @@ import "github.com/atriumhq/atrium/compute/mount"
 // each command binds the directory when it starts, so a command started
 // after a Restore sees the restored tree, and one already running would
 // keep the old one.
+//
+// With a host uid (Config.HostUID), what the Dir restores or writes is given
+// to it, so the sandbox can change it.
 func (s *Sandbox) Workspace() *mount.Dir {
-	return &mount.Dir{Path: s.m.workspace}
+	d := &mount.Dir{Path: s.m.workspace}
+	if h := s.m.p.hostID; h != nil {
+		d.Owner = h.uid
+	}
+	return d
 }

@@ -64,6 +64,11 @@ type Dir struct {
 	Client *http.Client
 	// Parallel is how many objects move at once; 0 means DefaultParallel.
 	Parallel int
+	// Owner, if positive, is the uid and gid given to everything Restore
+	// and the file operations create: the host uid a sandbox runs as, so
+	// that it can change what the node restored or wrote. 0 leaves them
+	// the node's.
+	Owner int
 }
 
 var _ Workspace = (*Dir)(nil)
@@ -505,6 +510,18 @@ func (d *Dir) Restore(ctx context.Context, plan *RestorePlan) (*Transfer, error)
 	}
 	if err := unix.Fchmod(sfd, rootMode); err != nil {
 		return nil, fmt.Errorf("restore workspace %s: %w", d.Path, err)
+	}
+	if d.Owner > 0 {
+		// A fresh tree of this restore's own: no link in it is followed.
+		err := filepath.WalkDir(staging, func(p string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, d.Owner, d.Owner)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("restore workspace %s: give it to uid %d: %w", d.Path, d.Owner, err)
+		}
 	}
 	if err := syncFS(sfd); err != nil {
 		return nil, fmt.Errorf("restore workspace %s: sync: %w", d.Path, err)

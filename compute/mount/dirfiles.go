@@ -70,11 +70,17 @@ func (d *Dir) WriteFile(ctx context.Context, name string, r io.Reader, perm fs.F
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(dir, ".atrium-upload-"+hex.EncodeToString(rnd[:]))
+	if err := d.chownDirs(root, dir); err != nil {
+		return err
+	}
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return pathError(name, err)
 	}
 	_, err = io.Copy(f, ctxReader{ctx, r})
+	if err == nil && d.Owner > 0 {
+		err = f.Chown(d.Owner, d.Owner)
+	}
 	if err == nil {
 		err = f.Chmod(perm.Perm())
 	}
@@ -98,7 +104,23 @@ func (d *Dir) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
 		return err
 	}
 	defer root.Close()
-	return pathError(name, root.MkdirAll(name, perm.Perm()))
+	if err := root.MkdirAll(name, perm.Perm()); err != nil {
+		return pathError(name, err)
+	}
+	return d.chownDirs(root, name)
+}
+
+// chownDirs gives dir and its parents below the root to Owner, if set.
+func (d *Dir) chownDirs(root *os.Root, dir string) error {
+	if d.Owner <= 0 {
+		return nil
+	}
+	for p := dir; p != "." && p != ""; p = path.Dir(p) {
+		if err := root.Lchown(p, d.Owner, d.Owner); err != nil {
+			return pathError(p, err)
+		}
+	}
+	return nil
 }
 
 // Symlink makes name a symbolic link to target, replacing a file or link
@@ -120,7 +142,16 @@ func (d *Dir) Symlink(ctx context.Context, name, target string) error {
 			return pathError(name, err)
 		}
 	}
-	return pathError(name, root.Symlink(target, name))
+	if err := d.chownDirs(root, path.Dir(name)); err != nil {
+		return err
+	}
+	if err := root.Symlink(target, name); err != nil {
+		return pathError(name, err)
+	}
+	if d.Owner > 0 {
+		return pathError(name, root.Lchown(name, d.Owner, d.Owner))
+	}
+	return nil
 }
 
 // Remove removes name and, for a directory, everything under it.

@@ -97,12 +97,21 @@ func TestServer_SandboxDefaults(t *testing.T) {
 		c.Sandbox.WorkspaceDiskBytes, c.Sandbox.WorkspaceDiskAuto = 32<<20, true
 	})
 	alice = s.as("alice")
-	alice.prompt(sess.ID, "cat mine.txt")
+	// The restored files are the sandbox's: it can change them.
+	alice.prompt(sess.ID, "echo more >> mine.txt && mkdir -p d && touch d/new && cat mine.txt")
 	if fin := alice.waitTurn(sess.ID, 2); fin.Status != session.TurnOK {
-		t.Fatalf("turn 2 after a restore into a sandbox with a quota: %+v", fin)
+		t.Fatalf("turn 2 after a restore into a sandbox with a quota: %+v (stderr %q)", fin, outputOf(alice.events(sess.ID, 0), 2, "stderr"))
 	}
-	if out := outputOf(alice.events(sess.ID, 0), 2, "stdout"); out != "hi\n" {
+	if out := outputOf(alice.events(sess.ID, 0), 2, "stdout"); out != "hi\nmore\n" {
 		t.Errorf("the restored workspace: %q", out)
+	}
+	// So are files uploaded into the awake sandbox, and their new parents.
+	if status, body := alice.request("PUT", "/v1/sessions/"+string(sess.ID)+"/files/up/sub/f.txt", "uploaded\n"); status != 204 {
+		t.Fatalf("upload: %d %s", status, body)
+	}
+	alice.prompt(sess.ID, "echo changed >> up/sub/f.txt && touch up/sub/g && cat up/sub/f.txt")
+	if fin := alice.waitTurn(sess.ID, 3); fin.Status != session.TurnOK {
+		t.Fatalf("turn 3 changing an uploaded file: %+v (stderr %q)", fin, outputOf(alice.events(sess.ID, 0), 3, "stderr"))
 	}
 }
 
