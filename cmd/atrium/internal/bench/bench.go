@@ -129,6 +129,10 @@ type Config struct {
 	// the fan-out scenario fans out through, in the same run, for
 	// comparison.
 	PeerCentrifugo string
+	// HeapProfile, if set, is where the memory scenario writes the
+	// in-use heap with its hibernated sessions (and, with the suffix
+	// .before, before they were created), for go tool pprof -base.
+	HeapProfile string
 	// DataDir is where each scenario's server keeps its data (one
 	// subdirectory per scenario, removed afterwards). Empty means a fresh
 	// temporary directory.

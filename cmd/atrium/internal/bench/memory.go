@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -153,6 +154,11 @@ func (r *runner) memoryWatchers(ctx context.Context) (_ []Result, err error) {
 // memoryHibernated creates cfg.Sessions sessions, lets them hibernate and
 // reports what each still costs.
 func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
+	if r.cfg.HeapProfile != "" {
+		// Sample finely enough to see a few KiB per session (the default
+		// samples one allocation per 512 KiB).
+		runtime.MemProfileRate = 4096
+	}
 	d, err := r.startServer(ctx, "memory-sessions", benchHibernateAfter)
 	if err != nil {
 		return nil, err
@@ -172,6 +178,9 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := r.heapProfile(".before"); err != nil {
+		return nil, err
+	}
 	n := r.cfg.Sessions
 	t0 := time.Now()
 	ids, err := createSessions(ctx, d.c, n, "bench hibernate", quickTurn())
@@ -185,6 +194,9 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	d.c.close()
 	after, err := settledUsage(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := r.heapProfile(""); err != nil {
 		return nil, err
 	}
 	fn := float64(n)
@@ -208,4 +220,22 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 	}
 	r.progress("memory: %d hibernated sessions: %+d goroutines, %+d open files, %.1f KiB RSS each", n, dg, df, rows[2].Value)
 	return rows, nil
+}
+
+// heapProfile writes the in-use heap (as of the last GC) to
+// cfg.HeapProfile+suffix, if a profile is asked for.
+func (r *runner) heapProfile(suffix string) error {
+	if r.cfg.HeapProfile == "" {
+		return nil
+	}
+	f, err := os.Create(r.cfg.HeapProfile + suffix)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	runtime.GC()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return f.Close()
 }
