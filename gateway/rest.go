@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -18,10 +19,12 @@ const (
 	MaxEventsLimit     = 1000
 )
 
-// createSession serves POST /v1/sessions {"title"?,"harness"?,"agent"?,"egress"?}
+// createSession serves POST /v1/sessions {"title"?,"harness"?,"agent"?,"egress"?,"settings"?}
 // → 201 Session. agent names an ACP agent (the same as "harness":{"agent":…});
 // egress (an extension) is the session's own egress allowlist, which the node
-// checks against its sandbox.egress_permit.
+// checks against its sandbox.egress_permit. settings takes every key PATCH
+// /v1/sessions/{id} takes, with the same errors (400 naming unknown keys, 403
+// naming the operator's limit); a refused setting creates no session.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session.Principal) {
 	var req api.CreateSession
 	if err := decodeBody(w, r, &req, true); err != nil {
@@ -40,8 +43,13 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		}
 		body.Harness.Agent = req.Agent
 	}
-	if req.Settings != nil && req.Settings.PermissionMode != "" {
-		body.Harness.PermissionMode = req.Settings.PermissionMode // validated with the harness
+	patch, err := createSettings(req.Settings, &body.Harness, &body.Egress)
+	if err == nil && patch != nil {
+		err = s.inv.checkSessionCap(patch.InvokeConcurrency)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	if len(body.Title) > session.MaxTitleBytes {
 		s.fail(w, r, session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes))
@@ -70,6 +78,24 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 		return
 	}
 	sess := reply.Session
+	if patch != nil {
+		// The settings the node checks against its limits: a refusal
+		// deletes the new session, whose id the caller never saw.
+		set, err := s.call(r.Context(), p, id, session.Command{Op: session.OpSettings, Settings: patch}, true)
+		if err == nil && set.Session == nil {
+			err = session.Errorf(session.CodeInternal, "settings reply of session %s has no session", id)
+		}
+		if err != nil {
+			if _, derr := s.call(context.WithoutCancel(r.Context()), p, id, session.Command{Op: session.OpDelete}, true); derr == nil {
+				s.cache.forget(id)
+			} else {
+				s.log.Warn("delete a session whose settings were refused", "session", id, "err", derr)
+			}
+			s.fail(w, r, err)
+			return
+		}
+		sess = set.Session
+	}
 	if sess == nil {
 		info, err := s.call(r.Context(), p, id, session.Command{Op: session.OpInfo}, true)
 		if err == nil && info.Session == nil {

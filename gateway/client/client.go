@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -88,6 +89,11 @@ type CreateRequest struct {
 	// "*.example.com", optional ":port"); the server refuses entries its
 	// sandbox.egress_permit does not cover.
 	Egress []string
+	// Settings are the session's settings, any key PATCH
+	// /v1/sessions/{id} accepts ("turn_timeout", "memory_bytes", …) with
+	// its JSON value; Harness.PermissionMode is sent as
+	// "permission_mode".
+	Settings map[string]json.RawMessage
 }
 
 // MarshalJSON encodes the wire form, api.CreateSession:
@@ -98,8 +104,15 @@ type CreateRequest struct {
 func (r CreateRequest) MarshalJSON() ([]byte, error) {
 	body := api.CreateSession{Title: r.Title, Agent: r.Harness.Agent, Egress: r.Egress}
 	h := r.Harness
+	if len(r.Settings) > 0 {
+		body.Settings = maps.Clone(r.Settings)
+	}
 	if h.PermissionMode != "" {
-		body.Settings = &api.CreateSettings{PermissionMode: h.PermissionMode}
+		if body.Settings == nil {
+			body.Settings = map[string]json.RawMessage{}
+		}
+		mode, _ := json.Marshal(h.PermissionMode)
+		body.Settings["permission_mode"] = mode
 	}
 	switch {
 	case h.Template != "" && len(h.Command) > 0:

@@ -17,15 +17,11 @@ type CreateSession struct {
 	Agent string `json:"agent,omitempty"`
 	// Egress is the session's own egress allowlist, checked by the node
 	// against its sandbox.egress_permit.
-	Egress   []string        `json:"egress,omitempty"`
-	Settings *CreateSettings `json:"settings,omitempty"`
-}
-
-// CreateSettings are the settings POST /v1/sessions accepts.
-type CreateSettings struct {
-	// PermissionMode is the agent's permission mode: "ask", "auto-edit" or
-	// "auto".
-	PermissionMode string `json:"permission_mode"`
+	Egress []string `json:"egress,omitempty"`
+	// Settings are the new session's settings: every key PATCH
+	// /v1/sessions/{id} accepts (SessionPatch.Settings), with the same
+	// validation; kept raw so that the server can name unknown keys.
+	Settings map[string]json.RawMessage `json:"settings,omitempty"`
 }
 
 // HarnessSpec is a harness as POST /v1/sessions carries it. It encodes a
