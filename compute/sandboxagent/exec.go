@@ -310,7 +310,11 @@ func (x *execConn) run(sb compute.Sandbox, fence int64, conn *websocket.Conn) {
 		x.refuse(conn, err)
 		return
 	}
-	defer x.s.endCommand()
+	// The command stops counting as running once it has exited, before
+	// the node hears of it: the node may restore the workspace next.
+	var endOnce sync.Once
+	end := func() { endOnce.Do(x.s.endCommand) }
+	defer end()
 	proc, err := sb.Exec(x.ctx, req.ExecRequest)
 	if err != nil {
 		x.refuse(conn, fmt.Errorf("exec: %w", err))
@@ -335,6 +339,7 @@ func (x *execConn) run(sb compute.Sandbox, fence int64, conn *websocket.Conn) {
 	wg.Go(func() {
 		pumps.Wait()
 		exit, err := proc.Wait()
+		end()
 		close(exited)
 		msg := compute.AgentMessage{Type: "exit", Exit: &exit}
 		if err != nil {

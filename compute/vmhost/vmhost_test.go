@@ -41,7 +41,17 @@ var testImageState struct {
 	bin, binDir string
 }
 
+// VMTestsLock is the file whose lock every test binary running QEMU VMs
+// (this package's, cmd/atrium's VM end-to-end tests) holds while its VMs
+// run: on a shared machine, one VM test at a time.
+var vmTestsLock = filepath.Join(os.TempDir(), "atrium-vm-tests.lock")
+
 func TestMain(m *testing.M) {
+	// Every test here runs VMs (or is quick): hold the lock for the run.
+	if f, err := os.OpenFile(vmTestsLock, os.O_CREATE|os.O_RDWR, 0o666); err == nil {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		defer f.Close()
+	}
 	code := m.Run()
 	if testImageState.binDir != "" {
 		os.RemoveAll(testImageState.binDir)
