@@ -52,6 +52,7 @@ func mountTasks(s *Server, mux *http.ServeMux, cfg *Tasks) (*task.Service, error
 	}
 	rt := taskRoutes{s: s, svc: svc}
 	mux.Handle("POST /v1/tasks", s.authed(rt.startTask))
+	mux.Handle("GET /v1/tasks", s.authed(rt.listTasks))
 	mux.Handle("GET /v1/tasks/{id}", s.authed(rt.getTask))
 	return svc, nil
 }
@@ -112,6 +113,37 @@ func (rt taskRoutes) getTask(w http.ResponseWriter, r *http.Request, p session.P
 		return
 	}
 	writeJSON(w, http.StatusOK, t.View())
+}
+
+// listTasks serves GET /v1/tasks[?session=ID] → {"tasks":[Task…]}: the
+// caller's tasks, or all of the tenant's for a tenant admin, newest first;
+// session keeps only that session's.
+func (rt taskRoutes) listTasks(w http.ResponseWriter, r *http.Request, p session.Principal) {
+	s := rt.s
+	q := r.URL.Query()
+	for k := range q {
+		if k != "session" {
+			s.fail(w, r, session.Errorf(session.CodeBadRequest, "unknown query parameter %q (known: session)", k))
+			return
+		}
+	}
+	sess := session.ID(q.Get("session"))
+	if sess != "" {
+		if err := sess.Validate(); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	l, err := rt.svc.List(r.Context(), p, sess)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body := api.TaskList{Tasks: make([]api.Task, 0, len(l))}
+	for _, t := range l {
+		body.Tasks = append(body.Tasks, t.View())
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // taskSessions implements task.Sessions with the same checks as REST.

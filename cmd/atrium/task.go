@@ -12,7 +12,7 @@ import (
 // taskPollInterval is how often `atrium task run` reads the task's state.
 const taskPollInterval = time.Second
 
-// newTaskCmd is `atrium task run|show`.
+// newTaskCmd is `atrium task run|ls|show`.
 func newTaskCmd(env *cliEnv) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "task",
@@ -25,9 +25,10 @@ checks that your forge login may push to the repository before anything
 starts. See docs/automation.md, "Repository tasks".`,
 		Example: `  atrium task run --repo https://github.com/acme/widgets --base main "make fmt"
   atrium task run --repo https://github.com/acme/widgets --title "Fix typo" --detach "sed -i s/teh/the/ README.md"
+  atrium task ls
   atrium task show task_3kq7xq4m2fdh2dnbw5ad`,
 	}
-	cmd.AddCommand(newTaskRunCmd(env), newTaskShowCmd(env))
+	cmd.AddCommand(newTaskRunCmd(env), newTaskLsCmd(env), newTaskShowCmd(env))
 	return cmd
 }
 

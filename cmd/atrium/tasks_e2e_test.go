@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -348,6 +349,52 @@ func testTasks(t *testing.T, typ string) {
 		show := st.alice.ok("task", "show", id)
 		if !strings.Contains(show, "pr_opened") || !strings.Contains(show, last.URL) {
 			t.Errorf("task show:\n%s", show)
+		}
+	})
+
+	t.Run("list", func(t *testing.T) {
+		// GET /v1/tasks: alice's tasks, newest (the CLI's) first, the
+		// shape GET /v1/tasks/{id} has.
+		var all struct{ Tasks []map[string]any }
+		alice.must(http.StatusOK, "GET", "/v1/tasks", nil, &all)
+		if len(all.Tasks) != 4 {
+			t.Fatalf("alice has %d tasks, want 4: %v", len(all.Tasks), all.Tasks)
+		}
+		newest := all.Tasks[0]
+		if newest["title"] != "From the CLI" || newest["user"] != "alice" || newest["status"] != "pr_opened" {
+			t.Errorf("newest task %v", newest)
+		}
+		id, sess := newest["id"].(string), newest["session"].(string)
+		var one map[string]any
+		alice.must(http.StatusOK, "GET", "/v1/tasks/"+id, nil, &one)
+		if fmt.Sprint(one) != fmt.Sprint(newest) {
+			t.Errorf("listed task %v, GET /v1/tasks/{id} %v", newest, one)
+		}
+		var bySession struct{ Tasks []map[string]any }
+		alice.must(http.StatusOK, "GET", "/v1/tasks?session="+sess, nil, &bySession)
+		if len(bySession.Tasks) != 1 || bySession.Tasks[0]["id"] != id {
+			t.Errorf("tasks of session %s: %v", sess, bySession.Tasks)
+		}
+		// Nobody else sees them.
+		if code, body := bob.do("GET", "/v1/tasks", nil); code != http.StatusOK || strings.TrimSpace(string(body)) != `{"tasks":[]}` {
+			t.Errorf("bob lists tasks: %d %s", code, body)
+		}
+		if code, body := bob.do("GET", "/v1/tasks?session="+sess, nil); code != http.StatusOK || strings.TrimSpace(string(body)) != `{"tasks":[]}` {
+			t.Errorf("bob lists the tasks of alice's session: %d %s", code, body)
+		}
+		for q, want := range map[string]string{"?colour=red": `unknown query parameter \"colour\"`, "?session=a%20b": "session"} {
+			if code, body := alice.do("GET", "/v1/tasks"+q, nil); code != http.StatusBadRequest || !strings.Contains(string(body), want) {
+				t.Errorf("GET /v1/tasks%s: %d %s, want 400 containing %s", q, code, body, want)
+			}
+		}
+		// atrium task ls.
+		ls := st.alice.ok("task", "ls")
+		if lines := strings.Split(strings.TrimSpace(ls), "\n"); len(lines) != 5 || !strings.HasPrefix(lines[1], id) || !strings.Contains(lines[1], "From the CLI") {
+			t.Errorf("task ls:\n%s", ls)
+		}
+		var listed []map[string]any
+		if err := json.Unmarshal([]byte(st.alice.ok("task", "ls", "--session", sess, "--json")), &listed); err != nil || len(listed) != 1 || listed[0]["id"] != id {
+			t.Errorf("task ls --session --json: %v %v", listed, err)
 		}
 	})
 }

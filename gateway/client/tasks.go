@@ -37,3 +37,17 @@ func (c *Client) GetTask(ctx context.Context, id string) (Task, error) {
 	err := c.do(ctx, http.MethodGet, "/v1/tasks/"+url.PathEscape(id), nil, &out)
 	return out, err
 }
+
+// ListTasks returns the caller's repository tasks (a tenant admin's: the
+// tenant's), newest first; a non-empty sess keeps only that session's.
+func (c *Client) ListTasks(ctx context.Context, sess string) ([]Task, error) {
+	path := "/v1/tasks"
+	if sess != "" {
+		path += "?session=" + url.QueryEscape(sess)
+	}
+	var out api.TaskList
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Tasks, nil
+}

@@ -116,6 +116,12 @@ type StartedTask struct {
 	Branch  string     `json:"branch"`
 }
 
+// TaskList answers GET /v1/tasks: the caller's repository tasks (a tenant
+// admin's: the tenant's), newest first.
+type TaskList struct {
+	Tasks []Task `json:"tasks"`
+}
+
 // Task is a repository task as GET /v1/tasks/{id} shows it. Status is
 // running, pr_opened, nothing_to_do or failed.
 type Task struct {
