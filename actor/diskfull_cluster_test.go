@@ -202,6 +202,17 @@ func testStoreFull(t *testing.T, data, histDir string, guardRestarts bool) {
 		t.Errorf("refusal %v: want unavailable naming the full disk (under %s)", refused, data)
 	}
 	// Still full: the next prompt is refused at once, with the reason.
+	// It is sent once the stopped session has let go of its record: a
+	// request that reaches a session actor in the moment it tears down
+	// can go unanswered (a race of the teardown, not of the full disk:
+	// reported in issue 14's notes), which this test is not about.
+	// (A history write that failed does not stop the session.)
+	for deadline := time.Now().Add(10 * time.Second); guardRestarts && holds(e.host, id); {
+		if time.Now().After(deadline) {
+			t.Fatal("the session stopped for the full store still holds its record after 10s")
+		}
+		time.Sleep(10 * time.Millisecond) // no notification for a teardown's end
+	}
 	start := time.Now()
 	rep, err := e.tryCmdWithin(id, "alice", session.Command{Op: session.OpPrompt, Text: "echo still full", ClientID: "still-full"}, answerWithin)
 	if err != nil || rep.Error == nil || !fullDisk(rep.Error.Message) {
@@ -248,6 +259,16 @@ func testStoreFull(t *testing.T, data, histDir string, guardRestarts bool) {
 			t.Error("no error event in the history says the events could not be stored for the full store")
 		}
 	}
+}
+
+// holds reports whether h holds id's ownership record.
+func holds(h *Host, id session.ID) bool {
+	for _, l := range h.Leases() {
+		if l.Session == id {
+			return true
+		}
+	}
+	return false
 }
 
 // waitTurnFinishedAfter waits until the history has a turn_finished after
