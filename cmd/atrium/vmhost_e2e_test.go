@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +38,28 @@ func vmCacheDir() string {
 	return "/var/cache/atrium-vm"
 }
 
+// lockVMTests holds, until the test ends, the lock every test binary
+// running QEMU VMs takes (compute/vmhost's too): one VM test at a time on
+// a shared machine.
+func lockVMTests(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "atrium-vm-tests.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+}
+
+// staticAtrium is a static atrium, built once per test binary.
+var staticAtrium struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
 // staticAtriumAndImage builds a static atrium and the guest image around
 // it, and returns the binary and the image's directory.
 func staticAtriumAndImage(t *testing.T) (string, string) {
@@ -50,12 +73,20 @@ func staticAtriumAndImageWith(t *testing.T, agentsDir string) (string, string) {
 	if _, err := exec.LookPath(vmhost.DefaultQEMU); err != nil {
 		t.Fatal("QEMU is not installed: run .ci/deps")
 	}
-	bin := filepath.Join(t.TempDir(), "atrium-static")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build a static atrium: %v: %s", err, out)
+	lockVMTests(t)
+	staticAtrium.once.Do(func() {
+		bin := atriumBinary(t) + "-static"
+		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			staticAtrium.err = fmt.Errorf("build a static atrium: %v: %s", err, out)
+		}
+		staticAtrium.bin = bin
+	})
+	if staticAtrium.err != nil {
+		t.Fatal(staticAtrium.err)
 	}
+	bin := staticAtrium.bin
 	dir := filepath.Join(vmCacheDir(), "test-image")
 	if agentsDir != "" {
 		dir += "-agents"
@@ -209,9 +240,16 @@ storage:
 		t.Helper()
 		a.prompt(s.ID, prompt)
 		fin := waitTurnFor(a, s.ID, n, vmTurnWait)
-		out := stdoutOf(a.events(s.ID), n)
+		evs := a.events(s.ID)
+		out := stdoutOf(evs, n)
 		if fin.field("status") != string(session.TurnOK) {
-			t.Fatalf("turn %d: %s; stdout %q", n, fin.raw, out)
+			var why []string
+			for _, ev := range evs {
+				if ev.Kind == session.KindError || ev.Kind == session.KindSandbox || ev.Kind == session.KindOutput {
+					why = append(why, string(ev.raw))
+				}
+			}
+			t.Fatalf("turn %d: %s; stdout %q\n%s", n, fin.raw, out, strings.Join(why, "\n"))
 		}
 		return out
 	}
