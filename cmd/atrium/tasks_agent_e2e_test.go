@@ -68,14 +68,15 @@ func TestTasks_Agent(t *testing.T) {
 	up.Match(modeltest.HasTools) // Claude Code's side requests (titles) get the default answer.
 	st := startTaskStackWith(t, forge.TypeGitHub, func(c *server.Config) {
 		c.AgentsDir, c.AgentMode = agentsCacheDir(), "auto"
-		// The workspace quota `atrium serve` turns on by default (a loop
-		// mount on the workspace, 7ecfa9f) makes restoring a saved
-		// workspace into a new sandbox fail (compute/mount swap: EBUSY on
-		// a mount point), and an agent task's workspace is saved (seeded)
-		// before its sandbox exists. Off here until that is fixed, so this
-		// test checks the task flow; the failure is reported.
-		c.Sandbox.WorkspaceDiskBytes, c.Sandbox.WorkspaceDiskAuto = 0, false
 		c.Models.Providers = []modelgw.Provider{{Name: "anthropic", Kind: modelgw.KindAnthropic, BaseURL: up.URL, APIKey: "sk-real-upstream"}}
+		// The workspace quota `atrium serve` turns on by default stays on
+		// and is required (not best effort): the task's workspace is seeded
+		// before its sandbox exists, then restored into the sandbox's
+		// quota-limited workspace.
+		if c.Sandbox.WorkspaceDiskBytes <= 0 {
+			t.Fatalf("sandbox workspace quota is off by default: %+v", c.Sandbox)
+		}
+		c.Sandbox.WorkspaceDiskAuto = false
 	})
 
 	t.Run("pull request from the agent's work", func(t *testing.T) {
