@@ -29,6 +29,10 @@ const (
 	DefaultCaptureGiveUp = 30 * time.Second
 )
 
+// guardEvery is how often Capture asks its guard again while it waits for
+// acknowledgements.
+const guardEvery = 100 * time.Millisecond
+
 // ErrSeqTaken means the stream already held an event under the Msg-Id of
 // one published for the first time: another owner wrote that seq.
 var ErrSeqTaken = errors.New("the events stream already holds another event with this seq")
@@ -82,6 +86,8 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 	}
 	var top uint64
 	var firstFailure time.Time
+	tick := time.NewTicker(guardEvery)
+	defer tick.Stop()
 	pending := msgs
 	futures := make([]njs.PubAckFuture, 0, len(msgs))
 	backoff := retry.Policy{Min: retryMin, Max: retryMax}.BackOff()
@@ -101,7 +107,16 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 			futures = append(futures, f)
 		}
 		for _, f := range futures {
+		wait:
 			select {
+			case <-tick.C:
+				// The guard is asked again while acks are awaited: once it
+				// fails (the store is known full, the lease may be lost)
+				// nothing more is gained by waiting out captureTimeout.
+				if err := guard(); err != nil {
+					return top, fmt.Errorf("capture events: %w", err)
+				}
+				goto wait
 			case ack := <-f.Ok():
 				if ack.Duplicate && f.Msg().Subject != "" && !strings.HasSuffix(f.Msg().Subject, ".meta") {
 					// On a retry the duplicate may be the earlier attempt's,
