@@ -454,22 +454,10 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	secs := ex.RetryAfterSeconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	writeJSON(w, http.StatusTooManyRequests, struct {
-		Error quotaError `json:"error"`
-	}{quotaError{
+	writeJSON(w, http.StatusTooManyRequests, api.QuotaRefusal{Error: api.QuotaError{
 		Code: session.CodeTooManyRequests, Message: ex.Message(), Quota: ex.What,
 		Limit: ex.Limit, Scope: ex.Scope, RetryAfterS: secs,
 	}})
-}
-
-// quotaError is the error member of a quota refusal.
-type quotaError struct {
-	Code        session.Code `json:"code"`
-	Message     string       `json:"message"`
-	Quota       string       `json:"quota"`
-	Limit       int          `json:"limit"`
-	Scope       string       `json:"scope"`
-	RetryAfterS int64        `json:"retry_after_s"`
 }
 
 // invokeSink writes the events of one prompt's turn as the invoke's

@@ -141,23 +141,8 @@ func wireShapes() []wireShape {
 		{"secret_list/server", api.SecretList{Secrets: []session.SecretInfo{}}},
 		{"egress/client", api.Egress{Allow: &[]string{}}},
 		// A quota refusal (429), as gateway/invoke.go's refuse wrote it.
-		{"quota_refusal/server", struct {
-			Error struct {
-				Code        session.Code `json:"code"`
-				Message     string       `json:"message"`
-				Quota       string       `json:"quota"`
-				Limit       int          `json:"limit"`
-				Scope       string       `json:"scope"`
-				RetryAfterS int64        `json:"retry_after_s"`
-			} `json:"error"`
-		}{Error: struct {
-			Code        session.Code `json:"code"`
-			Message     string       `json:"message"`
-			Quota       string       `json:"quota"`
-			Limit       int          `json:"limit"`
-			Scope       string       `json:"scope"`
-			RetryAfterS int64        `json:"retry_after_s"`
-		}{session.CodeTooManyRequests, "over", "turns_per_hour", 5, "tenant", 42}}},
+		{"quota_refusal/server", api.QuotaRefusal{Error: api.QuotaError{Code: session.CodeTooManyRequests, Message: "over",
+			Quota: "turns_per_hour", Limit: 5, Scope: "tenant", RetryAfterS: 42}}},
 		// GET /auth/config.
 		{"auth_config/server/full", auth.ConfigInfo{Mode: "oidc", Issuer: "https://id", ClientID: "cli", ClientSecret: "s",
 			Scopes: []string{"openid"}, LoginURL: "/auth/login", DevUser: "ann"}},

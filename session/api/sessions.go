@@ -112,3 +112,21 @@ type Fork struct {
 	AtSeq *session.Seq `json:"at_seq,omitempty"`
 	Title string       `json:"title,omitempty"`
 }
+
+// QuotaRefusal is the body of a 429 answer to a prompt or an invoke that a
+// tenant quota refuses: an ErrorBody whose error also names the quota, its
+// limit and scope, and when to retry (as Retry-After does).
+type QuotaRefusal struct {
+	Error QuotaError `json:"error"`
+}
+
+// QuotaError is the error member of a QuotaRefusal; Code is
+// too_many_requests.
+type QuotaError struct {
+	Code        session.Code `json:"code"`
+	Message     string       `json:"message"`
+	Quota       string       `json:"quota"`
+	Limit       int          `json:"limit"`
+	Scope       string       `json:"scope"`
+	RetryAfterS int64        `json:"retry_after_s"`
+}
