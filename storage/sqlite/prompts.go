@@ -1,12 +1,14 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"unicode/utf8"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -83,19 +85,232 @@ func (l *Log) notePromptsLocked(evs []session.Stored) {
 		if ev.Kind != session.KindMessage {
 			continue
 		}
-		var m struct {
-			By   *string `json:"by"`
-			Data struct {
-				ClientID *string `json:"client_id"`
-			} `json:"data"`
+		by, clientID, hasBy, hasClientID, ok := scanPrompt(ev.JSON)
+		if !ok {
+			by, clientID, hasBy, hasClientID, ok = decodePrompt(ev.JSON)
 		}
-		if err := json.Unmarshal(ev.JSON, &m); err != nil || m.By == nil {
+		if !ok || !hasBy {
 			l.prompts = nil
 			return
 		}
-		if m.Data.ClientID != nil {
-			l.prompts.add(*m.By, *m.Data.ClientID)
+		if hasClientID {
+			l.prompts.add(by, clientID)
 		}
+	}
+}
+
+// decodePrompt reads a message event's by and data.client_id with
+// encoding/json; ok is false when b is not a JSON object.
+func decodePrompt(b []byte) (by, clientID string, hasBy, hasClientID, ok bool) {
+	var m struct {
+		By   *string `json:"by"`
+		Data struct {
+			ClientID *string `json:"client_id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return "", "", false, false, false
+	}
+	if m.By != nil {
+		by, hasBy = *m.By, true
+	}
+	if m.Data.ClientID != nil {
+		clientID, hasClientID = *m.Data.ClientID, true
+	}
+	return by, clientID, hasBy, hasClientID, true
+}
+
+// scanPrompt is decodePrompt without encoding/json, for the events the
+// node writes (a JSON object, keys without escapes, each once). It walks
+// the object's keys and skips the values it does not need; ok is false for
+// anything else it meets (an escape in a string it needs, a repeated key,
+// a malformed value), and the caller then decodes. A client_id or by that
+// is null counts as absent, as with decodePrompt.
+func scanPrompt(b []byte) (by, clientID string, hasBy, hasClientID, ok bool) {
+	sc := jscan{b: b}
+	seenBy, seenData := false, false
+	ok = sc.object(func(key []byte) bool {
+		switch string(key) {
+		case "by":
+			if seenBy {
+				return false
+			}
+			seenBy = true
+			v, isStr, ok := sc.plainStringOrNull()
+			by, hasBy = v, isStr
+			return ok
+		case "data":
+			if seenData {
+				return false
+			}
+			seenData = true
+			sc.space()
+			if sc.i < len(sc.b) && sc.b[sc.i] != '{' {
+				// Not an object: no data.client_id for the index
+				// either.
+				return sc.skip()
+			}
+			seenCID := false
+			return sc.object(func(key []byte) bool {
+				if string(key) != "client_id" {
+					return sc.skip()
+				}
+				if seenCID {
+					return false
+				}
+				seenCID = true
+				v, isStr, ok := sc.plainStringOrNull()
+				clientID, hasClientID = v, isStr
+				return ok
+			})
+		}
+		return sc.skip()
+	})
+	if ok {
+		sc.space()
+		ok = sc.i == len(sc.b)
+	}
+	return by, clientID, hasBy, hasClientID, ok
+}
+
+// jscan is a minimal JSON reader over b from i.
+type jscan struct {
+	b []byte
+	i int
+}
+
+func (s *jscan) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// object reads an object, calling field for each key with the reader at
+// the key's value (after the colon); field reads the value.
+func (s *jscan) object(field func(key []byte) bool) bool {
+	s.space()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return false
+	}
+	s.i++
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return true
+	}
+	for {
+		s.space()
+		key, plain, ok := s.str()
+		if !ok || !plain {
+			return false
+		}
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return false
+		}
+		s.i++
+		if !field(key) {
+			return false
+		}
+		s.space()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// str reads a string and returns its raw bytes; plain is false when it
+// holds an escape (its bytes are then not its value).
+func (s *jscan) str() (raw []byte, plain, ok bool) {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, false, false
+	}
+	start := s.i + 1
+	plain = true
+	for j := start; j < len(s.b); j++ {
+		switch c := s.b[j]; {
+		case c == '\\':
+			plain = false
+			j++
+		case c == '"':
+			s.i = j + 1
+			return s.b[start:j], plain, true
+		case c < 0x20:
+			return nil, false, false
+		}
+	}
+	return nil, false, false
+}
+
+// plainStringOrNull reads a value that must be a string without escapes
+// (isStr) or null.
+func (s *jscan) plainStringOrNull() (v string, isStr, ok bool) {
+	s.space()
+	if bytes.HasPrefix(s.b[s.i:], []byte("null")) {
+		s.i += 4
+		return "", false, true
+	}
+	raw, plain, ok := s.str()
+	if !ok || !plain || !utf8.Valid(raw) {
+		return "", false, false
+	}
+	return string(raw), true, true
+}
+
+// skip reads any value; nested objects and arrays are matched by their
+// brackets outside strings, and their contents are checked no further
+// than that (encoding/json checks them when the caller falls back).
+func (s *jscan) skip() bool {
+	s.space()
+	if s.i >= len(s.b) {
+		return false
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		_, _, ok := s.str()
+		return ok
+	case c == '{' || c == '[':
+		depth := 0
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case '"':
+				if _, _, ok := s.str(); !ok {
+					return false
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					s.i++
+					return true
+				}
+			}
+			s.i++
+		}
+		return false
+	default: // number, true, false, null
+		start := s.i
+		for s.i < len(s.b) && (s.b[s.i] == '-' || s.b[s.i] == '+' || s.b[s.i] == '.' || (s.b[s.i] >= '0' && s.b[s.i] <= '9') ||
+			(s.b[s.i] >= 'a' && s.b[s.i] <= 'z') || (s.b[s.i] >= 'A' && s.b[s.i] <= 'Z')) {
+			s.i++
+		}
+		return s.i > start
 	}
 }
 
