@@ -66,6 +66,12 @@ type Spec struct {
 	// the installed agent programs (read-only) and the session's agent
 	// home.
 	Mounts []Mount
+	// DiskBytes is the size of the sandbox's workspace file system (a
+	// session's settings.disk_bytes), at least 16 MiB; zero means the
+	// provider's. A provider without workspace quotas ignores it. The
+	// local provider applies it when the workspace's image is made or next
+	// mounted (compute/local/quota.go).
+	DiskBytes int64
 }
 
 // Mount is a host directory bound into a sandbox.

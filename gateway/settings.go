@@ -14,7 +14,7 @@ import (
 
 // sessionSettingKeys are the keys of "settings" that PATCH /v1/sessions/{id}
 // knows.
-var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "egress", "mcp_servers", "setup", "invoke_concurrency"}
+var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_timeout", "memory_bytes", "pids", "disk_bytes", "egress", "mcp_servers", "setup", "invoke_concurrency"}
 
 // patchSession serves PATCH /v1/sessions/{id} {"title"?,"settings"?} → 200
 // Session (owner). A title is at most session.MaxTitleBytes and shows in the
@@ -25,7 +25,11 @@ var sessionSettingKeys = []string{"harness", "agent", "permission_mode", "turn_t
 // from its next turn; beyond the node's turn timeout it is forbidden (403)
 // naming the limit. settings.memory_bytes and settings.pids (0: the node's)
 // limit the session's sandbox when it is next opened, at most the node's
-// sandbox limits (403 naming the limit); settings.mcp_servers (ACP's stdio,
+// sandbox limits (403 naming the limit); settings.disk_bytes (0: the node's)
+// sizes the session's workspace, at least 16 MiB (400) and at most the
+// node's sandbox.workspace_disk_bytes (403 naming it, and 403 when the node
+// has no workspace quota), applied when its image is made or next mounted;
+// settings.mcp_servers (ACP's stdio,
 // http and sse shapes) are passed to the agent, restarted with them at its
 // next turn; settings.setup is a command run before a turn when the sandbox
 // is new or files were written. The Session object shows them back under
@@ -120,6 +124,16 @@ func settingsPatch(title *string, settings map[string]json.RawMessage) (*session
 			return nil, session.Errorf(session.CodeBadRequest, "settings: pids must be a number of processes (0: the server's)")
 		}
 		patch.Pids = &n
+	}
+	if raw, ok := settings["disk_bytes"]; ok {
+		var n int64
+		if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: disk_bytes must be a number of bytes (0: the server's)")
+		}
+		if n > 0 && n < session.MinDiskBytes {
+			return nil, session.Errorf(session.CodeBadRequest, "settings: disk_bytes %d is too small: at least %d (16 MiB), or 0 for the server's", n, session.MinDiskBytes)
+		}
+		patch.DiskBytes = &n
 	}
 	if raw, ok := settings["mcp_servers"]; ok {
 		var l []session.MCPServer

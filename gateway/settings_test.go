@@ -43,12 +43,14 @@ func TestPatchSession(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup, invoke_concurrency)"},
+		"unknown settings":    {`{"settings":{"colour":"red","permission_mode":"ask","budget":1}}`, "unknown settings: budget, colour (known: harness, agent, permission_mode, turn_timeout, memory_bytes, pids, disk_bytes, egress, mcp_servers, setup, invoke_concurrency)"},
 		"mcp server shape":    {`{"settings":{"mcp_servers":[{"name":"x","cmd":"y"}]}}`, `unknown field "cmd"`},
 		"mcp server type":     {`{"settings":{"mcp_servers":[{"name":"x","type":"ws","url":"wss://h/"}]}}`, `type must be "stdio", "http" or "sse", not "ws"`},
 		"mcp without url":     {`{"settings":{"mcp_servers":[{"name":"x","type":"http"}]}}`, "needs an http:// or https:// url"},
 		"negative memory":     {`{"settings":{"memory_bytes":-5}}`, "memory_bytes must be a number of bytes"},
 		"pids not a number":   {`{"settings":{"pids":"many"}}`, "pids must be a number"},
+		"disk too small":      {`{"settings":{"disk_bytes":1048576}}`, "disk_bytes 1048576 is too small: at least 16777216"},
+		"negative disk":       {`{"settings":{"disk_bytes":-1}}`, "disk_bytes must be a number of bytes"},
 		"setup not a string":  {`{"settings":{"setup":["pip","install"]}}`, "setup must be a shell command string"},
 		"harness shape":       {`{"settings":{"harness":{"command":"ls"}}}`, "settings: harness must be"},
 		"harness mode":        {`{"settings":{"harness":{"agent":"fake","permission_mode":"ask"}}}`, `as "permission_mode", not inside "harness"`},
@@ -107,6 +109,10 @@ func TestPatchSession(t *testing.T) {
 	}
 	if code, body := e.call("PATCH", path, "alice", `{"settings":{"memory_bytes":1048576}}`); code != http.StatusForbidden || !strings.Contains(string(body), "sandbox.memory_bytes") {
 		t.Errorf("memory_bytes on a node without a limit: %d %s", code, body)
+	}
+	if code, body := e.call("PATCH", path, "alice", `{"settings":{"disk_bytes":33554432}}`); code != http.StatusForbidden ||
+		!strings.Contains(string(body), "sets no limit a session may choose within (sandbox.workspace_disk_bytes)") {
+		t.Errorf("disk_bytes on a node without a workspace quota: %d %s", code, body)
 	}
 	if code, body := e.call("GET", "/v1/sessions/"+string(plain.ID), "alice", nil); code != 200 || strings.Contains(string(body), `"settings"`) {
 		t.Errorf("a session without settings of its own shows them: %d %s", code, body)

@@ -34,6 +34,9 @@ type Meta struct {
 	// settings), at most the node's; 0 is the node's.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int   `json:"pids,omitempty"`
+	// DiskBytes is the session's own workspace quota (PATCH
+	// settings.disk_bytes), at most the node's; 0 is the node's.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 	// MCPServers are passed to the session's agent (PATCH
 	// settings.mcp_servers). Their env and header values may be secrets:
 	// never in events, the catalog or a reply to a read.

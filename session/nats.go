@@ -139,6 +139,10 @@ type SettingsPatch struct {
 	// opened; at most the node's limits (else forbidden).
 	MemoryBytes *int64 `json:"memory_bytes,omitempty"`
 	Pids        *int   `json:"pids,omitempty"`
+	// DiskBytes (0: the node's) is the size of the sandbox's workspace,
+	// applied when its image is made or next mounted; at least
+	// MinDiskBytes and at most the node's sandbox.workspace_disk_bytes.
+	DiskBytes *int64 `json:"disk_bytes,omitempty"`
 	// MCPServers replace the session's MCP servers; the agent is
 	// restarted with them at its next turn.
 	MCPServers *[]MCPServer `json:"mcp_servers,omitempty"`
@@ -160,7 +164,7 @@ type SettingsPatch struct {
 // IsEmpty reports whether p changes nothing.
 func (p *SettingsPatch) IsEmpty() bool {
 	return p == nil || p.Title == nil && p.PermissionMode == nil && p.TurnTimeout == nil && p.MemoryBytes == nil &&
-		p.Pids == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil && p.Harness == nil && p.InvokeConcurrency == nil
+		p.Pids == nil && p.DiskBytes == nil && p.MCPServers == nil && p.Setup == nil && p.Egress == nil && p.Agent == nil && p.Harness == nil && p.InvokeConcurrency == nil
 }
 
 // Command is the JSON body of a request on the Cmd subject. The caller is in

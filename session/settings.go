@@ -23,6 +23,9 @@ type Settings struct {
 	// node's limits (sandbox.memory_bytes, sandbox.pids).
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int   `json:"pids,omitempty"`
+	// DiskBytes is the size of the session's workspace, at most the
+	// node's sandbox.workspace_disk_bytes.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 	// MCPServers are passed to the session's agent in session/new and
 	// session/load.
 	MCPServers []MCPServer `json:"mcp_servers,omitempty"`
@@ -36,7 +39,7 @@ type Settings struct {
 
 // IsZero reports whether s holds no setting.
 func (s *Settings) IsZero() bool {
-	return s == nil || s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 &&
+	return s == nil || s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 && s.DiskBytes == 0 &&
 		len(s.MCPServers) == 0 && s.Setup == "" && s.InvokeConcurrency == 0
 }
 
@@ -74,6 +77,9 @@ const (
 	MaxMCPServersBytes = 64 << 10
 	// MaxSetupBytes bounds a setup command.
 	MaxSetupBytes = 4 << 10
+	// MinDiskBytes is the smallest settings.disk_bytes: an ext4 workspace
+	// image smaller than this has little room for files.
+	MinDiskBytes = 16 << 20
 	// RedactedValue replaces the values of MCP servers' env and headers in
 	// what is shown back.
 	RedactedValue = "(hidden)"
@@ -181,7 +187,7 @@ func ValidateSetup(cmd string) error {
 // them (MCP servers' env and header values hidden); nil when it has none.
 func SettingsOf(meta *Meta) *Settings {
 	s := &Settings{
-		Agent: meta.Harness.Agent, PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, Setup: meta.Setup,
+		Agent: meta.Harness.Agent, PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, DiskBytes: meta.DiskBytes, Setup: meta.Setup,
 		InvokeConcurrency: meta.InvokeConcurrency,
 	}
 	if meta.TurnTimeout > 0 {

@@ -103,7 +103,9 @@ type Config struct {
 	// WorkspaceBytes, if positive, is each sandbox's workspace quota: the
 	// workspace is an ext4 image of that size loop-mounted (nosuid, nodev)
 	// in the sandbox's directory, so a write past it fails with ENOSPC in
-	// the sandbox. Needs root, mkfs.ext4 and mount. Zero: no quota.
+	// the sandbox. Needs root, mkfs.ext4 and mount. Zero: no quota. A
+	// compute.Spec's DiskBytes replaces it for that sandbox (quota.go says
+	// when a new size applies); without a quota DiskBytes is ignored.
 	WorkspaceBytes int64
 	// WorkspaceBestEffort runs a new sandbox without its quota, with a
 	// warning, when its image cannot be mounted (no free loop device),
@@ -338,6 +340,16 @@ func (p *Provider) limitsOf(spec compute.Spec) (limits, error) {
 	}
 	if lim.cpus == 0 {
 		lim.cpus = p.cfg.CPUs
+	}
+	switch {
+	case spec.DiskBytes < 0:
+		return limits{}, session.Errorf(session.CodeBadRequest, "sandbox disk_bytes must not be negative")
+	case spec.DiskBytes > 0 && spec.DiskBytes < session.MinDiskBytes:
+		return limits{}, session.Errorf(session.CodeBadRequest, "sandbox disk_bytes %d is too small: at least %d (16 MiB)", spec.DiskBytes, session.MinDiskBytes)
+	case spec.DiskBytes > 0 && p.quota != nil:
+		lim.disk = spec.DiskBytes
+	default:
+		lim.disk = p.cfg.WorkspaceBytes // ignored without a quota
 	}
 	if len(spec.Egress) > 0 {
 		if spec.Network {

@@ -345,7 +345,7 @@ func (pr *Process) wait() {
 		err = errors.Join(err, kerr)
 	}
 	exit = pr.withOOM(exit)
-	exit = pr.m.p.quota.withFull(pr.m.workspace, exit)
+	exit = pr.m.p.quota.withFull(pr.m.workspace, pr.m.quotaBytes.Load(), exit)
 	if pr.z != nil {
 		pr.z.close()
 	}

@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/atriumhq/atrium/compute"
+	"github.com/atriumhq/atrium/session"
 )
 
 // workspaceQuota gives each sandbox's workspace a file system of its own, of
@@ -23,9 +25,20 @@ import (
 // rename, which a mount point refuses. A write past the size fails with
 // ENOSPC in the sandbox, and df there shows the quota, not the host disk.
 // It needs root.
+//
+// A sandbox's size is its compute.Spec's DiskBytes (a session's
+// settings.disk_bytes), else Config.WorkspaceBytes. It applies when the
+// image is made, and when an unmounted image is next mounted (the sandbox's
+// next open after a sleep or a node restart): an image of another size is
+// resized first, offline, with resize2fs. A mounted image keeps its size
+// until then. Growing always works (the host disk permitting); shrinking
+// works when the files fit in the new size, else the open fails with an
+// error saying so and the image is left as it was: raise disk_bytes (or
+// delete files under the old size by setting it back) and the next open
+// mounts it.
 type workspaceQuota struct {
-	bytes int64
-	owner int // uid and gid of the file system's root directory
+	bytes int64 // the default size, Config.WorkspaceBytes
+	owner int   // uid and gid of the file system's root directory
 	mkfs  string
 	mount string
 	umnt  string
@@ -91,24 +104,46 @@ var errNoLoop = errors.New("the workspace image could not be mounted")
 // beside its place first and moved onto it (mount --move), so if it cannot
 // be mounted at all the error matches errNoLoop and nothing was changed.
 // The workspace directory itself is made by the caller.
-func (q *workspaceQuota) attach(dir string) error {
+//
+// bytes is the quota (0: q.bytes); *size is set to the mounted image's
+// quota.
+func (q *workspaceQuota) attach(dir string, bytes int64, size *atomic.Int64) error {
 	if q == nil {
 		return nil
+	}
+	if bytes <= 0 {
+		bytes = q.bytes
 	}
 	disk := filepath.Join(dir, diskDir)
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return err
 	}
 	if ok, err := mounted(disk); err != nil || ok {
+		if ok && size.Load() == 0 {
+			// Mounted by an earlier provider process: its size is the
+			// image's.
+			if st, err := os.Stat(filepath.Join(dir, workspaceImage)); err == nil {
+				size.Store(st.Size() / 100 * (100 - reservedPercent))
+			}
+		}
 		return err
 	}
 	img := filepath.Join(dir, workspaceImage)
-	if _, err := os.Stat(img); err == nil {
-		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk)
+	if st, err := os.Stat(img); err == nil {
+		if st.Size() != imageSize(bytes) {
+			if err := q.resize(img, st.Size(), bytes); err != nil {
+				return err
+			}
+		}
+		if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk); err != nil {
+			return err
+		}
+		size.Store(bytes)
+		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := q.makeImage(img); err != nil {
+	if err := q.makeImage(img, bytes); err != nil {
 		return err
 	}
 	tmp := filepath.Join(dir, diskDir+".new")
@@ -131,7 +166,7 @@ func (q *workspaceQuota) attach(dir string) error {
 		olds = append(olds, old)
 		cp := exec.Command("cp", "-a", old+"/.", newWS+"/")
 		if out, cpErr := cp.CombinedOutput(); cpErr != nil {
-			err = fmt.Errorf("move the workspace into its quota (%d bytes): %s", q.bytes, strings.TrimSpace(string(out)))
+			err = fmt.Errorf("move the workspace into its quota (%d bytes): %s", bytes, strings.TrimSpace(string(out)))
 		}
 	}
 	if err != nil {
@@ -153,9 +188,54 @@ func (q *workspaceQuota) attach(dir string) error {
 		if err := q.run(q.umnt, tmp); err != nil {
 			return err
 		}
-		return q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk)
+		if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk); err != nil {
+			return err
+		}
 	}
+	size.Store(bytes)
 	return nil
+}
+
+// imageSize is the size of the image file of a quota of bytes: 5% more,
+// reserved for root (see makeImage).
+func imageSize(bytes int64) int64 { return bytes / (100 - reservedPercent) * 100 }
+
+// resize makes the unmounted image img, of has bytes, the image of a quota
+// of bytes: it checks the file system (resize2fs wants a fresh check) and
+// grows it into the longer file, or shrinks it and then the file. A shrink
+// to less than the files take fails, saying so, and leaves the image as it
+// was.
+func (q *workspaceQuota) resize(img string, has, bytes int64) error {
+	want := imageSize(bytes)
+	fsck, err := exec.LookPath("e2fsck")
+	if err == nil {
+		var rs string
+		if rs, err = exec.LookPath("resize2fs"); err == nil {
+			// e2fsck -p exits 1 when it corrected something: the file
+			// system is fine then.
+			out, ferr := exec.Command(fsck, "-f", "-p", img).CombinedOutput()
+			var ee *exec.ExitError
+			if ferr != nil && !(errors.As(ferr, &ee) && ee.ExitCode() == 1) {
+				return fmt.Errorf("check the workspace image before resizing it to %d bytes: %v: %s", bytes, ferr, strings.TrimSpace(string(out)))
+			}
+			if want > has {
+				if err := os.Truncate(img, want); err != nil {
+					return fmt.Errorf("grow the workspace image: %w", err)
+				}
+				if err := q.run(rs, img); err != nil {
+					return fmt.Errorf("grow the workspace to %d bytes: %w", bytes, err)
+				}
+				return nil
+			}
+			if err := q.run(rs, img, strconv.FormatInt(want/1024, 10)+"K"); err != nil {
+				return session.Errorf(session.CodeBadRequest,
+					"the workspace quota cannot shrink to %d bytes (settings.disk_bytes): its files do not fit, or resize2fs failed; "+
+						"raise disk_bytes, or set it back and delete files first (%v)", bytes, err)
+			}
+			return os.Truncate(img, want)
+		}
+	}
+	return fmt.Errorf("resize the workspace quota to %d bytes: %w (install e2fsprogs)", bytes, err)
 }
 
 // CheckWorkspaceQuota reports whether this host can give sandboxes a
@@ -173,7 +253,7 @@ func CheckWorkspaceQuota() error {
 	return nil
 }
 
-func (q *workspaceQuota) makeImage(img string) error {
+func (q *workspaceQuota) makeImage(img string, bytes int64) error {
 	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -184,7 +264,7 @@ func (q *workspaceQuota) makeImage(img string) error {
 	// again in a fresh image, where the restore needs a little more than
 	// the files for its staging tree's metadata. The image is that much
 	// larger than the quota.
-	err = f.Truncate(q.bytes / (100 - reservedPercent) * 100)
+	err = f.Truncate(imageSize(bytes))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -226,10 +306,14 @@ func (q *workspaceQuota) run(name string, args ...string) error {
 // than a block or two is what a write that failed with ENOSPC leaves.
 const fullBelow = 64 << 10
 
-// withFull marks e DiskFull when the workspace's file system is full.
-func (q *workspaceQuota) withFull(workspace string, e compute.Exit) compute.Exit {
+// withFull marks e DiskFull when the workspace's file system, of a quota of
+// bytes, is full.
+func (q *workspaceQuota) withFull(workspace string, bytes int64, e compute.Exit) compute.Exit {
 	if q == nil {
 		return e
+	}
+	if bytes <= 0 {
+		bytes = q.bytes
 	}
 	if ok, err := mounted(filepath.Dir(workspace)); err != nil || !ok {
 		return e // Running without its quota (Config.WorkspaceBestEffort).
@@ -239,6 +323,6 @@ func (q *workspaceQuota) withFull(workspace string, e compute.Exit) compute.Exit
 		return e
 	}
 	e.DiskFull = true
-	e.Detail += fmt.Sprintf("; the workspace quota of %d bytes is full", q.bytes)
+	e.Detail += fmt.Sprintf("; the workspace quota of %d bytes is full", bytes)
 	return e
 }

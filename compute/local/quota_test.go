@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -169,5 +170,114 @@ func TestSandbox_WorkspaceQuotaRestore(t *testing.T) {
 	}
 	if got := computetest.ShOK(t, sb, "cat src/main.go notes.txt; df -k /workspace | tail -1 | awk '{print $2}'"); !strings.HasPrefix(got, "package main\nnotes\n") || len(strings.TrimSpace(strings.TrimPrefix(got, "package main\nnotes\n"))) > 5 {
 		t.Errorf("after the restore the sandbox sees %q, want the saved files on the 32 MiB file system", got)
+	}
+}
+
+// TestSandbox_WorkspaceQuotaPerSandbox: a compute.Spec's DiskBytes sizes
+// the sandbox's workspace instead of WorkspaceBytes (a session's
+// settings.disk_bytes). A new size applies when the image is next mounted:
+// growing keeps the files; shrinking below them fails the open, saying so,
+// and leaves the image as it was; shrinking to what fits works.
+func TestSandbox_WorkspaceQuotaPerSandbox(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root, as a node runs")
+	}
+	dir := t.TempDir()
+	id := session.NewID()
+	reopen := func(fence int64, bytes int64) (*Provider, compute.Sandbox, error) {
+		p := newTestProvider(t, Config{Dir: dir, WorkspaceBytes: 64 << 20})
+		sb, err := p.Open(context.Background(), compute.Spec{Session: id, Fence: fence, DiskBytes: bytes})
+		return p, sb, err
+	}
+	dfKiB := func(sb compute.Sandbox) int {
+		f := strings.Fields(computetest.ShOK(t, sb, "df -k /workspace | tail -1"))
+		if len(f) < 2 {
+			t.Fatalf("df: %q", f)
+		}
+		n, err := strconv.Atoi(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	p, sb, err := reopen(1, 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kib := dfKiB(sb); kib < 24<<10 || kib > 32<<10 {
+		t.Errorf("df shows %d KiB, want the 32 MiB of DiskBytes, not WorkspaceBytes' 64 MiB", kib)
+	}
+	r := computetest.Sh(t, sb, "head -c 41943040 /dev/zero > big; echo exit=$?")
+	if !strings.Contains(r.Stdout, "exit=1") || !strings.Contains(r.Stderr, "No space left on device") {
+		t.Fatalf("a 40 MiB write into 32 MiB: stdout %q stderr %q, want ENOSPC", r.Stdout, r.Stderr)
+	}
+	if !r.Exit.DiskFull || !strings.Contains(r.Exit.Detail, "quota of 33554432 bytes is full") {
+		t.Errorf("exit %+v: want DiskFull naming the sandbox's own quota", r.Exit)
+	}
+	computetest.ShOK(t, sb, "rm big && head -c 4194304 /dev/zero > kept && echo ok")
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Grown at the next mount: the files are kept and 60 MiB more fit.
+	p, sb, err = reopen(2, 96<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kib := dfKiB(sb); kib < 84<<10 || kib > 96<<10 {
+		t.Errorf("after growing df shows %d KiB, want 96 MiB", kib)
+	}
+	if got := computetest.ShOK(t, sb, "wc -c < kept; head -c 62914560 /dev/zero > more && echo more-ok"); got != "4194304\nmore-ok\n" {
+		t.Errorf("after growing: %q", got)
+	}
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// 64 MiB of files do not fit in 32 MiB: the open fails, saying so,
+	// and the image keeps its size.
+	img := filepath.Join(dir, string(id), workspaceImage)
+	before, err := os.Stat(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = reopen(3, 32<<20)
+	if err == nil || !strings.Contains(err.Error(), "cannot shrink to 33554432 bytes") || !errors.Is(err, session.ErrBadRequest) {
+		t.Fatalf("shrinking below the files: %v, want a bad request saying the quota cannot shrink", err)
+	}
+	if after, err := os.Stat(img); err != nil || after.Size() != before.Size() {
+		t.Errorf("the image changed after a refused shrink: %v → %v (%v)", before.Size(), after, err)
+	}
+
+	// Back at 96 MiB the files are there; with them deleted, 32 MiB fits.
+	p, sb, err = reopen(4, 96<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	computetest.ShOK(t, sb, "rm more && echo ok")
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, sb, err = reopen(5, 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kib := dfKiB(sb); kib < 24<<10 || kib > 32<<10 {
+		t.Errorf("after shrinking df shows %d KiB, want 32 MiB", kib)
+	}
+	if got := computetest.ShOK(t, sb, "wc -c < kept"); got != "4194304\n" {
+		t.Errorf("after shrinking kept is %q bytes", got)
+	}
+}
+
+// TestProvider_DiskBytesBad: a DiskBytes below 16 MiB or negative is a bad
+// request.
+func TestProvider_DiskBytesBad(t *testing.T) {
+	p := newTestProvider(t, Config{WorkspaceBytes: 32 << 20, Unsafe: true})
+	for _, n := range []int64{-1, 1 << 20} {
+		_, err := p.Open(context.Background(), compute.Spec{Session: session.NewID(), Fence: 1, DiskBytes: n})
+		if !errors.Is(err, session.ErrBadRequest) {
+			t.Errorf("DiskBytes %d: %v, want a bad request", n, err)
+		}
 	}
 }

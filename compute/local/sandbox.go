@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +34,7 @@ type limits struct {
 	egress  *egress.Allowlist // nil: no egress proxy
 	mounts  []compute.Mount   // host directories bound into the sandbox
 	model   string            // host path of the model gateway's socket; "" for none
+	disk    int64             // workspace quota in bytes (with Config.WorkspaceBytes)
 }
 
 // Sandbox is a handle on one session's sandbox, carrying the fence of the
@@ -68,6 +70,10 @@ type machine struct {
 	mu    sync.Mutex
 	state session.SandboxState // guarded by mu
 	procs map[*Process]bool    // guarded by mu: running commands
+
+	// quotaBytes is the size of the workspace's mounted image, for the
+	// exit of a command that filled it; 0 while none is mounted.
+	quotaBytes atomic.Int64
 }
 
 func newMachine(p *Provider, id session.ID) *machine {
@@ -136,7 +142,7 @@ func (m *machine) provisionLocked() error {
 	if err := os.MkdirAll(m.dir, 0o700); err != nil {
 		return fmt.Errorf("create sandbox dir: %w", err)
 	}
-	if err := m.p.quota.attach(m.dir); err != nil {
+	if err := m.p.quota.attach(m.dir, m.limits.disk, &m.quotaBytes); err != nil {
 		if !errors.Is(err, errNoLoop) || !m.p.cfg.WorkspaceBestEffort {
 			return fmt.Errorf("mount the workspace quota: %w", err)
 		}
