@@ -98,6 +98,10 @@ type Config struct {
 	SecretKeys *session.SecretKeyring
 	// Provider provisions sandboxes for turns.
 	Provider Provider
+	// SandboxKind says what Provider runs sandboxes on
+	// (session.SandboxKindLocal, …), shown in Session objects; "" if
+	// unknown.
+	SandboxKind string
 	// SandboxSpec holds the limits of every sandbox (MemoryBytes, Pids,
 	// Network); the node sets Session and Fence.
 	SandboxSpec compute.Spec

@@ -987,6 +987,7 @@ func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
 	e := catalogEntry(s.meta, s.durable, state, s.sandboxState)
 	e.LastActivity = s.lastActivity
 	e.Node = s.h.cfg.NodeID
+	e.SandboxKind = s.h.cfg.SandboxKind
 	return e
 }
 
@@ -1009,7 +1010,7 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 	return session.Session{
 		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
 		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
-		Sandbox: session.SandboxInfo{State: s.sandboxState}, LastActivity: s.lastActivity,
+		Sandbox: session.NewSandboxInfo(s.sandboxState, s.h.cfg.SandboxKind), LastActivity: s.lastActivity,
 		Egress: slices.Clone(s.meta.Egress), Usage: cloneUsage(s.meta.Usage), Settings: session.SettingsOf(&s.meta),
 	}.WithRole(s.roleOf(p), maps.Clone(s.meta.Members))
 }

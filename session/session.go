@@ -14,6 +14,26 @@ const (
 // Sandbox is the sandbox part of the Session object.
 type SandboxInfo struct {
 	State SandboxState `json:"state"`
+	// Kind says what runs the sandbox (an extension): SandboxKindLocal,
+	// SandboxKindVM or SandboxKindRemote; absent when unknown or when the
+	// session has no sandbox (state none).
+	Kind string `json:"kind,omitempty"`
+}
+
+// Kinds of SandboxInfo.Kind.
+const (
+	SandboxKindLocal  = "local"  // bubblewrap on the node's host
+	SandboxKindVM     = "vm"     // a VM on an atrium vmhost
+	SandboxKindRemote = "remote" // a machine made by the operator's hook
+)
+
+// NewSandboxInfo is the sandbox part of a Session object: kind is left out
+// while the session has no sandbox.
+func NewSandboxInfo(state SandboxState, kind string) SandboxInfo {
+	if state == SandboxNone || state == "" {
+		kind = ""
+	}
+	return SandboxInfo{State: state, Kind: kind}
 }
 
 // Session is the Session object of the wire contract. Role is the caller's
@@ -175,6 +195,9 @@ type CatalogEntry struct {
 	State     State        `json:"state"`
 	LastSeq   Seq          `json:"last_seq"`
 	Sandbox   SandboxState `json:"sandbox"`
+	// SandboxKind is what runs the sandbox (SandboxInfo.Kind); "" if
+	// unknown.
+	SandboxKind string `json:"sandbox_kind,omitempty"`
 	// LastActivity is when the last event was committed; nil if unknown.
 	LastActivity *Time `json:"last_activity,omitempty"`
 	// Node is the ID of the node that last held the session, whose disk has
@@ -193,7 +216,7 @@ func (c *CatalogEntry) SessionFor(user string) Session {
 	return Session{
 		ID: c.ID, Title: c.Title, Owner: c.Owner, CreatedAt: c.CreatedAt,
 		LastSeq: c.LastSeq, Epoch: c.Epoch, State: c.State,
-		Sandbox: SandboxInfo{State: c.Sandbox}, Role: c.Members.RoleOf(user),
+		Sandbox: NewSandboxInfo(c.Sandbox, c.SandboxKind), Role: c.Members.RoleOf(user),
 		LastActivity: c.LastActivity, Usage: c.Usage,
 	}
 }
