@@ -284,16 +284,19 @@ type Config struct {
 
 // Server is a running process: a gateway, a node or both.
 type Server struct {
-	cfg   Config
-	ns    *natsserver.Server // nil with an external NATS cluster
-	nc    *nats.Conn
-	prov  provider
-	store blob.Store
-	host  *actor.Host
-	oidc  *auth.OIDC
-	gw    *gateway.Server
-	http  *http.Server
-	ln    net.Listener
+	cfg  Config
+	ns   *natsserver.Server // nil with an external NATS cluster
+	nc   *nats.Conn
+	prov provider
+	// diskQuota is the local sandboxes' workspace quota as resolved at
+	// start-up (0: none): the most a session's settings.disk_bytes may be.
+	diskQuota int64
+	store     blob.Store
+	host      *actor.Host
+	oidc      *auth.OIDC
+	gw        *gateway.Server
+	http      *http.Server
+	ln        net.Listener
 	// inproc connects nc to ns (ready.go); reg holds every metric and is
 	// served at /metrics; closing is set when Close begins (/readyz).
 	inproc  inProcess
@@ -636,7 +639,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
 		SandboxKind:        sandboxKind(cfg.Sandbox),
-		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
+		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, DiskBytes: s.diskQuota, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
 		Models:             s.actorModels(),
 		Store:              workspaces,
@@ -917,6 +920,9 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 		})
 		if err != nil {
 			return computeWiring{}, fmt.Errorf("local sandboxes: %w", err)
+		}
+		if !cfg.UnsafeNoSandbox && cfg.Sandbox.WorkspaceDiskBytes > 0 {
+			s.diskQuota = cfg.Sandbox.WorkspaceDiskBytes
 		}
 		s.prov = p
 		store := s.store
