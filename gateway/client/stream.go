@@ -296,6 +296,20 @@ func (s *Stream) Approve(ctx context.Context, approvalID string, allow bool) err
 	return s.send(ctx, session.ClientFrame{Type: session.FrameApprove, ID: approvalID, Allow: &allow})
 }
 
+// Typing sends a typing frame (a driver's): typing true says the caller is
+// typing a prompt, which the session's watchers see in presence
+// ("typing":true on this connection's watcher) until the gateway's typing
+// TTL passes without another typing frame, a prompt is sent, or Typing(false)
+// says the caller stopped. Repeat it while typing; the gateway takes at
+// most a few per TTL.
+func (s *Stream) Typing(ctx context.Context, typing bool) error {
+	f := session.ClientFrame{Type: session.FrameTyping}
+	if !typing {
+		f.Typing = &typing
+	}
+	return s.send(ctx, f)
+}
+
 func (s *Stream) send(ctx context.Context, f session.ClientFrame) error {
 	b, err := json.Marshal(f)
 	if err != nil {
