@@ -47,6 +47,11 @@ func newSettingsCmd(env *cliEnv) *cobra.Command {
                           when the sandbox is next opened.
   pids=N                  the sandbox's process limit (0: the server's), at
                           most sandbox.pids.
+  disk_bytes=SIZE         the size of the sandbox's workspace, e.g. 2GiB (0:
+                          the server's), at least 16MiB and at most
+                          sandbox.workspace_disk_bytes; applied when the
+                          workspace's image is next mounted (a shrink below
+                          the files it holds fails the sandbox's open).
   egress=JSON             the session's own egress allowlist, a JSON list
                           such as ["github.com","*.npmjs.org"], within the
                           server's sandbox.egress_permit.
@@ -72,6 +77,7 @@ operator's limits, naming the limit.`,
   atrium settings ID --set permission_mode=ask
   atrium settings ID --set turn_timeout=10m
   atrium settings ID --set memory_bytes=512MiB --set pids=256
+  atrium settings ID --set disk_bytes=2GiB
   atrium settings ID --set setup='pip install -r requirements.txt'
   atrium settings ID --set mcp_servers=@mcp.json`,
 		Args: cobra.ExactArgs(1),
@@ -114,7 +120,7 @@ operator's limits, naming the limit.`,
 				return explain(err, conn.server)
 			}
 			fmt.Fprintf(env.stdout, "title: %s\n", s.Title)
-			for _, k := range []string{"harness", "agent", "memory_bytes", "pids", "egress", "mcp_servers", "setup", "invoke_concurrency"} {
+			for _, k := range []string{"harness", "agent", "memory_bytes", "pids", "disk_bytes", "egress", "mcp_servers", "setup", "invoke_concurrency"} {
 				if _, ok := patch.Settings[k]; ok {
 					printSettings(env, &s)
 					break
@@ -129,7 +135,7 @@ operator's limits, naming the limit.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, harness, agent, permission_mode, turn_timeout, memory_bytes, pids, egress, mcp_servers, setup, invoke_concurrency")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "KEY=VALUE to change (repeatable): title, harness, agent, permission_mode, turn_timeout, memory_bytes, pids, disk_bytes, egress, mcp_servers, setup, invoke_concurrency")
 	conn.register(cmd)
 	return cmd
 }
@@ -160,14 +166,15 @@ func newRenameCmd(env *cliEnv) *cobra.Command {
 }
 
 // settingValue turns a --set value into the JSON value the server takes:
-// a number for memory_bytes (with a KiB/MiB/GiB suffix or none) and pids,
+// a number for memory_bytes and disk_bytes (with a KiB/MiB/GiB suffix or
+// none) and pids,
 // a list for mcp_servers (JSON, or @FILE), a string otherwise.
 func settingValue(k, v string) (any, error) {
 	switch k {
-	case "memory_bytes":
+	case "memory_bytes", "disk_bytes":
 		n, err := parseSize(v)
 		if err != nil {
-			return nil, fmt.Errorf("--set memory_bytes=%s: %w", v, err)
+			return nil, fmt.Errorf("--set %s=%s: %w", k, v, err)
 		}
 		return n, nil
 	case "pids", "invoke_concurrency":
@@ -255,6 +262,9 @@ func printSettings(env *cliEnv, s *session.Session) {
 	}
 	if st.Pids > 0 {
 		fmt.Fprintf(env.stdout, "pids: %d\n", st.Pids)
+	}
+	if st.DiskBytes > 0 {
+		fmt.Fprintf(env.stdout, "disk_bytes: %d\n", st.DiskBytes)
 	}
 	for _, m := range st.MCPServers {
 		where := m.Command

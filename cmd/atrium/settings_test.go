@@ -36,6 +36,9 @@ func TestCLI_Settings(t *testing.T) {
 		"--set pids=-1":              "want a number",
 		"--set mcp_servers=[oops":    "mcp_servers: not JSON",
 		"--set memory_bytes=64MiB":   "sandbox.memory_bytes",
+		"--set disk_bytes=lots":      "want a size such as",
+		"--set disk_bytes=1MiB":      "disk_bytes 1048576 is too small",
+		"--set disk_bytes=2GiB":      "sandbox.workspace_disk_bytes",
 	} {
 		if _, _, err := c.run(cliContext(t), nil, append([]string{"settings", id}, strings.Fields(args)...)...); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("settings %s: %v, want %q", args, err, want)
