@@ -330,8 +330,8 @@ func (s *sessionActor) agentTurn(t *session.Turn) *agentTurn {
 	id, nc, subj := s.id, s.h.cfg.NATS, s.h.cfg.Subjects.Delta(s.id)
 	log := s.log
 	return &agentTurn{
-		name: s.meta.Harness.Agent, mode: s.meta.Harness.PermissionMode, tenant: s.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
-		promptSeq: t.Prompt.Seq, acpSession: s.metaNext.AgentSession, mcp: s.meta.MCPServers, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
+		name: s.events.meta.Harness.Agent, mode: s.events.meta.Harness.PermissionMode, tenant: s.events.meta.Tenant, user: t.Prompt.By, prompt: t.Prompt.Text,
+		promptSeq: t.Prompt.Seq, acpSession: s.events.metaNext.AgentSession, mcp: s.events.meta.MCPServers, hist: s.hist, timeout: s.h.cfg.ApprovalTimeout,
 		options: map[string][]session.ApprovalOption{},
 		publish: func(d session.DeltaFrame) {
 			// Encoded once, published without waiting: a delta is live
@@ -347,11 +347,11 @@ func (s *sessionActor) agentTurn(t *session.Turn) *agentTurn {
 // onAgentOpened keeps a new ACP session id in the metadata, so a later
 // agent process loads it.
 func (s *sessionActor) onAgentOpened(m *agentOpened) {
-	if m.r != s.runner || s.phase == phaseDeleting || s.metaNext.AgentSession == m.id {
+	if m.r != s.queue.runner || s.act.phase == phaseDeleting || s.events.metaNext.AgentSession == m.id {
 		return
 	}
-	s.metaNext.AgentSession = m.id
-	s.metaDirty = true
+	s.events.metaNext.AgentSession = m.id
+	s.events.metaDirty = true
 }
 
 // agentApproval logs an agent's permission request as an approval with its
@@ -359,7 +359,7 @@ func (s *sessionActor) onAgentOpened(m *agentOpened) {
 func (s *sessionActor) agentApproval(m *turnApproval, release func(error)) {
 	p := m.perm
 	m.r.agent.options[m.id] = p.Options
-	s.emit(session.KindApprovalRequested, session.BySystem, mustMarshal(session.ApprovalRequestedData{
+	s.events.emit(session.KindApprovalRequested, session.BySystem, mustMarshal(session.ApprovalRequestedData{
 		Turn: m.r.turn, ID: m.id, Summary: p.Title, Title: p.Title, Kind: p.Kind, Content: p.Content, Options: p.Options,
 	}), release)
 }
@@ -368,7 +368,7 @@ func (s *sessionActor) agentApproval(m *turnApproval, release func(error)) {
 // the option chosen (optionID, or by allow the first allow_once /
 // reject_once option), and whether the approval is an agent's at all.
 func (s *sessionActor) agentOption(id, optionID string, allow bool) (session.ApprovalOption, bool, error) {
-	r := s.runner
+	r := s.queue.runner
 	if r == nil || r.agent == nil {
 		return session.ApprovalOption{}, false, nil
 	}
@@ -417,31 +417,31 @@ func allows(kind string) bool { return strings.HasPrefix(kind, "allow") }
 // onApprovalExpired rejects an agent's approval nobody answered in time,
 // and says so in the session.
 func (s *sessionActor) onApprovalExpired(m *approvalExpired) {
-	if m.r != s.runner || s.phase == phaseDeleting {
+	if m.r != s.queue.runner || s.act.phase == phaseDeleting {
 		return
 	}
 	o, ok, err := s.agentOption(m.id, "", false)
 	if !ok {
 		return
 	}
-	turn, rerr := s.turns.ResolveApproval(m.id)
+	turn, rerr := s.queue.turns.ResolveApproval(m.id)
 	if rerr != nil {
 		return // answered meanwhile
 	}
-	s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeConflict, Message: fmt.Sprintf(
+	s.events.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeConflict, Message: fmt.Sprintf(
 		"approval %s was not answered within %v; it was rejected", m.id, s.h.cfg.ApprovalTimeout)}), nil)
 	if err != nil {
 		// No reject option: the request is answered "cancelled".
 		m.r.agent.deliver(session.ApprovalAnswer{Type: "approval", ID: m.id})
-		s.emit(session.KindApprovalResolved, session.BySystem,
+		s.events.emit(session.KindApprovalResolved, session.BySystem,
 			mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: m.id}), nil)
 		return
 	}
 	r := m.r
-	s.emit(session.KindApprovalResolved, session.BySystem,
+	s.events.emit(session.KindApprovalResolved, session.BySystem,
 		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: m.id, Allow: false, OptionID: o.ID}),
 		func(error) {
-			if r == s.runner {
+			if r == s.queue.runner {
 				r.agent.deliver(session.ApprovalAnswer{Type: "approval", ID: m.id, OptionID: o.ID})
 			}
 		})
@@ -514,7 +514,7 @@ func (m *manager) routeNote(ctx proto.Context, n *sessionNote) {
 // onSessionNote handles a note in the session actor; until the session is
 // active the note waits.
 func (s *sessionActor) onSessionNote(n *sessionNote) {
-	switch s.phase {
+	switch s.act.phase {
 	case phaseNew, phaseOpening:
 		s.notes = append(s.notes, n)
 		return
@@ -526,17 +526,17 @@ func (s *sessionActor) onSessionNote(n *sessionNote) {
 	case n.usage != nil:
 		s.recordUsage(*n.usage) // usage.go
 	case n.end != nil:
-		r := s.runner
+		r := s.queue.runner
 		if r == nil || r.turn != n.end.turn {
 			return
 		}
-		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.end.code, Message: n.end.message}), nil)
+		s.events.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.end.code, Message: n.end.message}), nil)
 		r.stop(stopRequest{status: session.TurnFailed})
 	case n.say != nil:
-		if r := s.runner; r == nil || r.turn != n.say.turn {
+		if r := s.queue.runner; r == nil || r.turn != n.say.turn {
 			return
 		}
-		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.say.code, Message: n.say.message}), nil)
+		s.events.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: n.say.code, Message: n.say.message}), nil)
 	}
 }
 

@@ -192,7 +192,7 @@ func (s *sessionActor) putCatalog() { s.putCatalogThen(nil) }
 // was written (or its write failed and was logged).
 func (s *sessionActor) putCatalogThen(done func()) {
 	s.catalogAt = time.Now()
-	s.catalogSeq, s.catalogSandbox = s.durable, s.sandboxState
+	s.catalogSeq, s.catalogSandbox = s.events.durable, s.sandbox.sandboxState
 	if done == nil {
 		s.h.catalog.put(s.catalogEntry(session.StateActive))
 		return
@@ -205,10 +205,10 @@ func (s *sessionActor) putCatalogThen(done func()) {
 // the last CatalogInterval, else when that interval is up, so a busy session
 // writes it at most once per interval.
 func (s *sessionActor) catalogChanged() {
-	if s.catalogTimer != nil || s.durable == s.catalogSeq && s.sandboxState == s.catalogSandbox {
+	if s.timers.catalogTimer != nil || s.events.durable == s.catalogSeq && s.sandbox.sandboxState == s.catalogSandbox {
 		return
 	}
-	switch s.phase {
+	switch s.act.phase {
 	case phaseActive, phaseDraining, phaseWaking:
 	default:
 		return // closing or deleting write their own entry
@@ -218,12 +218,12 @@ func (s *sessionActor) catalogChanged() {
 		s.putCatalog()
 		return
 	}
-	s.catalogTimer = time.AfterFunc(wait, func() { s.send(&catalogTick{}) })
+	s.timers.catalogTimer = time.AfterFunc(wait, func() { s.send(&catalogTick{}) })
 }
 
 func (s *sessionActor) stopCatalogTimer() {
-	if s.catalogTimer != nil {
-		s.catalogTimer.Stop()
-		s.catalogTimer = nil
+	if s.timers.catalogTimer != nil {
+		s.timers.catalogTimer.Stop()
+		s.timers.catalogTimer = nil
 	}
 }

@@ -288,31 +288,31 @@ func (h *Host) restoreCheckpoint(ctx context.Context, id session.ID, m *checkpoi
 
 // armCheckpoint starts the periodic checkpoint timer of an active session.
 func (s *sessionActor) armCheckpoint() {
-	if s.h.cfg.Checkpoints == nil || s.ckptTimer != nil || s.lost {
+	if s.h.cfg.Checkpoints == nil || s.timers.ckptTimer != nil || s.act.lost {
 		return
 	}
-	s.ckptTimer = time.AfterFunc(s.h.cfg.CheckpointInterval, func() { s.send(&checkpointTick{}) })
+	s.timers.ckptTimer = time.AfterFunc(s.h.cfg.CheckpointInterval, func() { s.send(&checkpointTick{}) })
 }
 
 func (s *sessionActor) stopCheckpointTimer() {
-	if s.ckptTimer != nil {
-		s.ckptTimer.Stop()
-		s.ckptTimer = nil
+	if s.timers.ckptTimer != nil {
+		s.timers.ckptTimer.Stop()
+		s.timers.ckptTimer = nil
 	}
 }
 
 // startCheckpoint writes a checkpoint off the actor if anything was
 // committed since the last one; checkpointDone follows.
 func (s *sessionActor) startCheckpoint() {
-	if s.phase != phaseActive || s.hist == nil || s.committer == nil || s.ckptRunning {
+	if s.act.phase != phaseActive || s.hist == nil || s.events.committer == nil || s.ckptRunning {
 		return
 	}
-	if s.durable == s.ckptSeq || s.committer.uncaptured.Load() {
+	if s.events.durable == s.ckptSeq || s.events.committer.uncaptured.Load() {
 		s.armCheckpoint()
 		return
 	}
 	s.ckptRunning = true
-	hist, fence, epoch, acked, l := s.hist, s.fence, s.meta.Epoch, s.committer.acked.Load(), s.lease
+	hist, fence, epoch, acked, l := s.hist, s.fence, s.events.meta.Epoch, s.events.committer.acked.Load(), s.lease
 	s.readsWG.Add(1) // close waits for it before closing hist.
 	s.spawn(func() {
 		defer s.readsWG.Done()
@@ -341,7 +341,7 @@ func (s *sessionActor) onCheckpointDone(ctx proto.Context, m *checkpointDone) {
 			s.lease.checkpointed.Store(int64(m.seq))
 		}
 	}
-	if s.phase == phaseActive {
+	if s.act.phase == phaseActive {
 		s.armCheckpoint()
 	}
 }

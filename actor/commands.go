@@ -65,15 +65,15 @@ func (r *recentPrompts) remove(key string) { delete(r.byKey, key) }
 // onCmd handles a request from the Cmd subject. Every request is answered
 // with a session.Reply, some only once what they caused is durable.
 func (s *sessionActor) onCmd(m *cmdMsg) {
-	switch s.phase {
+	switch s.act.phase {
 	case phaseNew, phaseOpening:
-		s.early = append(s.early, m)
+		s.act.early = append(s.act.early, m)
 		return
 	case phaseDeleting, phasePassivating:
-		if s.openErr != nil {
+		if s.act.openErr != nil {
 			// Sent while the history failed to open (the subscription
 			// is made meanwhile).
-			respond(m.msg, errorReply(s.openErr))
+			respond(m.msg, errorReply(s.act.openErr))
 			return
 		}
 		respond(m.msg, errorReply(session.Errorf(session.CodeNotFound, "session not found")))
@@ -93,13 +93,13 @@ func (s *sessionActor) onCmd(m *cmdMsg) {
 		return
 	}
 	s.current = m.msg
-	s.traces.cmd = s.h.startCommand(m.msg, s.id, c.Op)
+	s.queue.traces.cmd = s.h.startCommand(m.msg, s.id, c.Op)
 	if s.h.beforeCmd != nil {
 		s.h.beforeCmd(s.id, c)
 	}
 	s.command(m.msg, who, c)
 	s.current = nil
-	s.traces.cmd.End()
+	s.queue.traces.cmd.End()
 }
 
 func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.Command) {
@@ -175,7 +175,7 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 	key := ""
 	if c.ClientID != "" {
 		key = user + "\x00" + c.ClientID
-		if p := s.recent.get(key); p != nil {
+		if p := s.queue.recent.get(key); p != nil {
 			if p.durable {
 				respond(msg, session.Reply{Seq: p.seq})
 			} else {
@@ -183,30 +183,30 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 			}
 			return
 		}
-		if s.recent.partial {
+		if s.queue.recent.partial {
 			seq, err := s.committedPrompt(user, c.ClientID)
 			if err != nil {
 				respond(msg, errorReply(err))
 				return
 			}
 			if seq > 0 {
-				s.recent.add(key, &recentPrompt{seq: seq, durable: true})
+				s.queue.recent.add(key, &recentPrompt{seq: seq, durable: true})
 				respond(msg, session.Reply{Seq: seq})
 				return
 			}
 		}
 	}
 	data := messageData(c.Text, c.ClientID)
-	if len(data) > s.maxData {
+	if len(data) > s.events.maxData {
 		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
 		return
 	}
-	text, span := c.Text, s.traces.cmd
+	text, span := c.Text, s.queue.traces.cmd
 	rp := &recentPrompt{}
-	rp.seq = s.emit(session.KindMessage, user, data, func(err error) {
+	rp.seq = s.events.emit(session.KindMessage, user, data, func(err error) {
 		if err != nil {
 			if key != "" {
-				s.recent.remove(key)
+				s.queue.recent.remove(key)
 			}
 			respond(msg, errorReply(err))
 			for _, w := range rp.waiters {
@@ -215,8 +215,8 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 			return
 		}
 		rp.durable = true
-		s.traces.queued(rp.seq, span)
-		s.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
+		s.queue.traces.queued(rp.seq, span)
+		s.queue.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
 		rep := session.Reply{Seq: rp.seq}
 		respond(msg, rep)
 		for _, w := range rp.waiters {
@@ -226,7 +226,7 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 		s.maybeStartTurn()
 	})
 	if key != "" {
-		s.recent.add(key, rp)
+		s.queue.recent.add(key, rp)
 	}
 }
 
@@ -254,7 +254,7 @@ func maxEventData(nc *nats.Conn) int {
 
 func (s *sessionActor) opCancel(msg *nats.Msg, c *session.Command) {
 	if c.PromptSeq > 0 { // only that prompt's turn, running or queued (invoke).
-		turn, err := s.turns.CancelPrompt(c.PromptSeq)
+		turn, err := s.queue.turns.CancelPrompt(c.PromptSeq)
 		if err != nil {
 			respond(msg, errorReply(err))
 			return
@@ -263,12 +263,12 @@ func (s *sessionActor) opCancel(msg *nats.Msg, c *session.Command) {
 			respond(msg, session.Reply{})
 			return
 		}
-	} else if _, err := s.turns.Cancel(); err != nil {
+	} else if _, err := s.queue.turns.Cancel(); err != nil {
 		respond(msg, errorReply(err))
 		return
 	}
-	if s.runner != nil {
-		s.runner.stop(stopRequest{status: session.TurnCancelled})
+	if s.queue.runner != nil {
+		s.queue.runner.stop(stopRequest{status: session.TurnCancelled})
 	}
 	respond(msg, session.Reply{})
 }
@@ -288,25 +288,25 @@ func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command)
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "approval %q has no options; answer it with allow", c.ApprovalID)))
 		return
 	}
-	turn, err := s.turns.ResolveApproval(c.ApprovalID)
+	turn, err := s.queue.turns.ResolveApproval(c.ApprovalID)
 	if err != nil {
 		respond(msg, errorReply(err))
 		return
 	}
-	r, id, allow := s.runner, c.ApprovalID, c.Allow
+	r, id, allow := s.queue.runner, c.ApprovalID, c.Allow
 	if isAgent {
 		allow = allows(opt.Kind)
 	}
-	s.emit(session.KindApprovalResolved, user,
+	s.events.emit(session.KindApprovalResolved, user,
 		mustMarshal(session.ApprovalResolvedData{Turn: turn, ID: id, Allow: allow, OptionID: opt.ID}),
 		func(err error) {
 			if err != nil {
 				// Not durable: the approval is still pending.
-				_ = s.turns.RequestApproval(turn, id)
+				_ = s.queue.turns.RequestApproval(turn, id)
 				respond(msg, errorReply(err))
 				return
 			}
-			if r != nil && r == s.runner {
+			if r != nil && r == s.queue.runner {
 				r.answer(session.ApprovalAnswer{Type: "approval", ID: id, Allow: allow, OptionID: opt.ID})
 			}
 			respond(msg, session.Reply{})
@@ -317,7 +317,7 @@ func (s *sessionActor) opHistory(msg *nats.Msg, c *session.Command) {
 	// The committer publishes an event as soon as it is durable and tells
 	// the actor afterwards, so a client may resume from an event the actor
 	// has not yet counted. The history's own last seq is already past it.
-	last := s.durable
+	last := s.events.durable
 	if l, err := s.hist.LastSeq(context.Background()); err == nil && l > last {
 		last = l
 	}
@@ -343,7 +343,7 @@ func (s *sessionActor) opHistory(msg *nats.Msg, c *session.Command) {
 	s.readsWG.Add(1)
 	job := readJob{
 		hist: s.hist, msg: msg, after: c.After, lastSeq: last,
-		limit: min(limit, maxHistoryLimit), max: maxBytes, epoch: s.meta.Epoch,
+		limit: min(limit, maxHistoryLimit), max: maxBytes, epoch: s.events.meta.Epoch,
 		done: s.readsWG.Done,
 	}
 	select {
@@ -364,20 +364,20 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 		respond(msg, errorReply(err))
 		return
 	}
-	if c.User == s.meta.Owner {
+	if c.User == s.events.meta.Owner {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "the owner's own role cannot be changed")))
 		return
 	}
-	next := s.metaNext
+	next := s.events.metaNext
 	next.Members = cloneMembers(next.Members)
 	if role == session.RoleNone {
 		delete(next.Members, c.User)
 	} else {
 		next.Members[c.User] = role
 	}
-	s.metaNext = next
-	s.metaDirty = true
-	s.emit(session.KindMemberChanged, caller, mustMarshal(session.MemberChangedData{User: c.User, Role: role}),
+	s.events.metaNext = next
+	s.events.metaDirty = true
+	s.events.emit(session.KindMemberChanged, caller, mustMarshal(session.MemberChangedData{User: c.User, Role: role}),
 		func(err error) {
 			if err != nil {
 				respond(msg, errorReply(err))
@@ -394,10 +394,10 @@ func (s *sessionActor) opMember(msg *nats.Msg, caller string, c *session.Command
 // Cmd subscription drained, then (off the actor) the history, the sandbox and
 // the catalog entry are removed and watchers are told. The reply comes last.
 func (s *sessionActor) opDelete(msg *nats.Msg) {
-	s.toDeleting(msg)
+	s.act.toDeleting(msg)
 	s.stopCatalogTimer()
-	if s.runner != nil {
-		s.runner.stop(stopRequest{status: session.TurnCancelled})
+	if s.queue.runner != nil {
+		s.queue.runner.stop(stopRequest{status: session.TurnCancelled})
 	}
 	s.drain()
 	s.tryFinishDelete()
@@ -406,18 +406,18 @@ func (s *sessionActor) opDelete(msg *nats.Msg) {
 // tryFinishDelete starts removing the session once nothing runs, nothing is
 // being committed and no command can arrive any more.
 func (s *sessionActor) tryFinishDelete() {
-	if s.phase != phaseDeleting || s.deleteStarted || s.runner != nil || s.op != nil || s.uncommitted > 0 ||
-		len(s.outbox) > 0 || s.draining != nil {
+	if s.act.phase != phaseDeleting || s.act.deleteStarted || s.queue.runner != nil || s.sandbox.op != nil || s.events.uncommitted > 0 ||
+		len(s.events.outbox) > 0 || s.act.draining != nil {
 		return
 	}
-	s.deleteStarted = true
-	hist, c, b, msg := s.hist, s.committer, s.box, s.deleteMsg
+	s.act.deleteStarted = true
+	hist, c, b, msg := s.hist, s.events.committer, s.sandbox.box, s.act.deleteMsg
 	if b == nil {
 		b = &box{id: s.id}
 	}
-	hadSandbox := b.sb != nil || (s.sandboxState != session.SandboxNone && s.sandboxState != "")
+	hadSandbox := b.sb != nil || (s.sandbox.sandboxState != session.SandboxNone && s.sandbox.sandboxState != "")
 	l, fence := s.lease, s.fence
-	s.hist, s.committer, s.box, s.lease = nil, nil, nil, nil
+	s.hist, s.events.committer, s.sandbox.box, s.lease = nil, nil, nil, nil
 	s.stopCheckpointTimer()
 	s.h.boxes.remove(s.id)
 	s.spawn(func() {

@@ -137,7 +137,7 @@ func newCommitter(ctx context.Context) *committer {
 
 func (s *sessionActor) startCommitter(hist History) *committer {
 	c := newCommitter(s.h.ctx)
-	t := &sessionCommits{s: s, epoch: s.meta.Epoch, owner: s.lease}
+	t := &sessionCommits{s: s, epoch: s.events.meta.Epoch, owner: s.lease}
 	s.spawn(func() { c.run(hist, t) })
 	return c
 }
@@ -283,10 +283,10 @@ func (c *committer) stop() {
 // flush hands the event log's outbox (and changed metadata) to the
 // committer.
 func (s *sessionActor) flush() {
-	if s.committer == nil {
+	if s.events.committer == nil {
 		return
 	}
-	b := s.eventLog.takeBatch()
+	b := s.events.takeBatch()
 	if b == nil {
 		return
 	}
@@ -294,12 +294,12 @@ func (s *sessionActor) flush() {
 		// Metadata has no seq: the newest checkpoint lacks it now.
 		s.ckptSeq = -1
 	}
-	s.committer.add(b)
+	s.events.committer.add(b)
 }
 
 // onCommitted applies a commit's report to the event log.
 func (s *sessionActor) onCommitted(m *committed) {
-	if m.c != s.committer {
+	if m.c != s.events.committer {
 		return
 	}
 	if m.err != nil && m.c.uncaptured.Load() {
@@ -310,7 +310,7 @@ func (s *sessionActor) onCommitted(m *committed) {
 		m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
 		s.send(&leaseLost{why: "its events could not be captured"})
 	}
-	res := s.eventLog.settle(m, time.Now())
+	res := s.events.settle(m, time.Now())
 	if m.err != nil {
 		if res.firstFailure {
 			s.log.Warn("commit events", "err", m.err, "dropped", res.dropped)

@@ -154,7 +154,7 @@ type fileStaged struct {
 
 func (m *fileStaged) handle(s *sessionActor) {
 	s.files.staging--
-	if m.err == nil && s.phase != phaseActive && s.phase != phaseDraining && s.phase != phaseWaking {
+	if m.err == nil && s.act.phase != phaseActive && s.act.phase != phaseDraining && s.act.phase != phaseWaking {
 		m.err = session.Errorf(session.CodeUnavailable, "the session stopped before the write was applied: nothing was written; try again")
 		respond(m.op.reply, errorReply(m.err))
 	}
@@ -177,8 +177,8 @@ type fileOpDone struct {
 }
 
 func (m *fileOpDone) handle(s *sessionActor) {
-	if m.bo == s.op {
-		s.op = nil
+	if m.bo == s.sandbox.op {
+		s.sandbox.op = nil
 	}
 	os.Remove(m.op.staged)
 	if m.err != nil {
@@ -190,7 +190,7 @@ func (m *fileOpDone) handle(s *sessionActor) {
 		}
 		data := mustMarshal(session.FilesChangedData{By: m.op.by, Paths: paths})
 		var seq session.Seq
-		seq = s.emit(session.KindFilesChanged, m.op.by, data, func(err error) {
+		seq = s.events.emit(session.KindFilesChanged, m.op.by, data, func(err error) {
 			if err != nil {
 				respond(m.op.reply, errorReply(err))
 				return
@@ -648,19 +648,19 @@ func (h *Host) receiveStream(ctx context.Context, sub *nats.Subscription, w io.W
 // operation runs. maybeStartTurn calls it first, so a write received while
 // a turn ran goes before the next queued turn.
 func (s *sessionActor) startFileOps() {
-	if len(s.files.pending) == 0 || s.runner != nil || s.op != nil || s.shutting ||
-		(s.phase != phaseActive && s.phase != phaseDraining && s.phase != phaseWaking) {
+	if len(s.files.pending) == 0 || s.queue.runner != nil || s.sandbox.op != nil || s.act.shutting ||
+		(s.act.phase != phaseActive && s.act.phase != phaseDraining && s.act.phase != phaseWaking) {
 		return
 	}
 	op := s.files.pending[0]
 	s.files.pending = s.files.pending[1:]
-	if s.box == nil {
-		s.box = s.h.boxes.lookup(s.id)
+	if s.sandbox.box == nil {
+		s.sandbox.box = s.h.boxes.lookup(s.id)
 	}
-	b, h, id, fence := s.box, s.h, s.id, s.fence
+	b, h, id, fence := s.sandbox.box, s.h, s.id, s.fence
 	ctx, cancel := context.WithCancel(h.ctx)
 	bo := &boxOp{cancel: cancel}
-	s.op = bo
+	s.sandbox.op = bo
 	s.spawn(func() {
 		defer cancel()
 		done := &fileOpDone{op: op, bo: bo}
@@ -1066,7 +1066,7 @@ func (h *Host) diffOf(ctx context.Context, prefix string, c mount.Change) (strin
 // (sharing content), and has the manager create the new session with the
 // history, answering msg with the new Session.
 func (s *sessionActor) opFork(msg *nats.Msg, who session.Principal, req *session.ForkRequest) {
-	last := s.durable
+	last := s.events.durable
 	at := req.AtSeq
 	if at == 0 {
 		at = last
@@ -1082,7 +1082,7 @@ func (s *sessionActor) opFork(msg *nats.Msg, who session.Principal, req *session
 	}
 	title := req.Title
 	if title == "" {
-		title = s.meta.Title
+		title = s.events.meta.Title
 	}
 	if len(title) > session.MaxTitleBytes {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)))
@@ -1090,8 +1090,8 @@ func (s *sessionActor) opFork(msg *nats.Msg, who session.Principal, req *session
 	}
 	h, id, hist, child := s.h, s.id, s.hist, req.Child
 	place := session.PlaceRequest{
-		Op: session.PlaceCreate, Session: child, Title: title, Harness: s.meta.Harness,
-		Egress: slices.Clone(s.meta.Egress), Fork: &session.ForkedFrom{Session: id, Seq: at},
+		Op: session.PlaceCreate, Session: child, Title: title, Harness: s.events.meta.Harness,
+		Egress: slices.Clone(s.events.meta.Egress), Fork: &session.ForkedFrom{Session: id, Seq: at},
 	}
 	s.readsWG.Add(1)
 	s.spawn(func() {

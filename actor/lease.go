@@ -703,16 +703,16 @@ type storeFullStop struct {
 // history closed, before the lease can expire; requests already queued are
 // told to retry, which reaches the new owner.
 func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
-	if s.lost || s.phase == phasePassivating {
+	if s.act.lost || s.act.phase == phasePassivating {
 		return
 	}
-	s.lost = true
+	s.act.lost = true
 	s.log.Error("stopping the session: this node no longer owns it", "why", why, "fence", s.fence)
-	s.openErr = session.Errorf(session.CodeUnavailable, "this node no longer owns session %s; retry", s.id)
+	s.act.openErr = session.Errorf(session.CodeUnavailable, "this node no longer owns session %s; retry", s.id)
 	if err := s.h.storeFull(); err != nil {
 		// Stopped because its events cannot be stored: say why, now to
 		// the callers and in the session once it is served again.
-		s.openErr = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, err)
+		s.act.openErr = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, err)
 		s.h.storeFullStops.LoadOrStore(s.id, storeFullStop{at: time.Now(), why: err.Error()})
 	}
 	s.teardownNow("ownership lost")
@@ -720,15 +720,15 @@ func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
 	if s.h.afterLeaseLost != nil {
 		s.h.afterLeaseLost(s.id)
 	}
-	for _, c := range s.early {
-		respond(c.msg, errorReply(s.openErr))
+	for _, c := range s.act.early {
+		respond(c.msg, errorReply(s.act.openErr))
 	}
-	s.early = nil
-	if s.creator != nil {
-		respond(s.creator.msg, errorReply(s.openErr))
-		s.creator = nil
+	s.act.early = nil
+	if s.act.creator != nil {
+		respond(s.act.creator.msg, errorReply(s.act.openErr))
+		s.act.creator = nil
 	}
-	s.phase = phasePassivating
+	s.act.phase = phasePassivating
 	ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 }
 

@@ -36,7 +36,7 @@ func (s *sessionActor) opPROpened(msg *nats.Msg, user string, c *session.Command
 	}
 	data := mustMarshal(session.PROpenedData{URL: pr.URL, Branch: pr.Branch})
 	var seq session.Seq
-	seq = s.emit(session.KindPROpened, user, data, func(err error) {
+	seq = s.events.emit(session.KindPROpened, user, data, func(err error) {
 		if err != nil {
 			respond(msg, errorReply(err))
 			return

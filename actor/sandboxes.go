@@ -532,8 +532,8 @@ type boxOpDone struct{ op *boxOp }
 // armSleep starts the sleep timer of the session's sandbox once no turn
 // runs (the timer does nothing for a sandbox that is not awake).
 func (s *sessionActor) armSleep() {
-	if s.box != nil && s.runner == nil && !s.shutting {
-		s.h.boxes.arm(s.box, s.h.cfg.SandboxSleepAfter)
+	if s.sandbox.box != nil && s.queue.runner == nil && !s.act.shutting {
+		s.h.boxes.arm(s.sandbox.box, s.h.cfg.SandboxSleepAfter)
 	}
 }
 
@@ -541,12 +541,12 @@ func (s *sessionActor) armSleep() {
 // session is still idle. A turn that started since made the timer stale;
 // its end arms a new one.
 func (s *sessionActor) maybeSleep() {
-	gen, ok := s.takeSleep(s.phase)
+	gen, ok := s.sandbox.takeSleep(s.act.phase)
 	if !ok {
 		return
 	}
-	if s.box == nil || s.runner != nil || s.op != nil || s.shutting || !s.turns.Idle() ||
-		!s.h.boxes.due(s.box, gen) || !s.h.boxes.isAwake(s.box) {
+	if s.sandbox.box == nil || s.queue.runner != nil || s.sandbox.op != nil || s.act.shutting || !s.queue.turns.Idle() ||
+		!s.h.boxes.due(s.sandbox.box, gen) || !s.h.boxes.isAwake(s.sandbox.box) {
 		return
 	}
 	s.log.Debug("sandbox idle: saving its workspace and putting it to sleep")
@@ -556,9 +556,9 @@ func (s *sessionActor) maybeSleep() {
 // startSleep saves the workspace and puts the sandbox to sleep on a
 // goroutine; turns wait for it.
 func (s *sessionActor) startSleep(why string) {
-	b := s.box
+	b := s.sandbox.box
 	ctx, cancel := context.WithCancel(s.h.ctx)
-	op := s.startOp(cancel)
+	op := s.sandbox.startOp(cancel)
 	s.spawn(func() {
 		defer cancel()
 		s.h.sleepBox(ctx, b, why, func(state session.SandboxState, detail string, err *session.ErrorData) {

@@ -62,9 +62,9 @@ func (s *sessionActor) secretLen(name string, sec session.Secret) int {
 // changeMeta queues next as the session's metadata and replies to msg once
 // it is written. Nothing is logged as an event.
 func (s *sessionActor) changeMeta(msg *nats.Msg, next session.Meta, reply func() session.Reply) {
-	s.metaNext = next
-	s.metaDirty = true
-	s.metaAfter = append(s.metaAfter, func(err error) {
+	s.events.metaNext = next
+	s.events.metaDirty = true
+	s.events.metaAfter = append(s.events.metaAfter, func(err error) {
 		if err != nil {
 			s.log.Warn("write session metadata", "err", err)
 			respond(msg, errorReply(session.Errorf(session.CodeUnavailable, "the change could not be saved: retry")))
@@ -95,7 +95,7 @@ func (s *sessionActor) opSecretSet(msg *nats.Msg, user string, c *session.Comman
 		respond(msg, errorReply(errNoSecretKeys))
 		return
 	}
-	next := s.metaNext
+	next := s.events.metaNext
 	total := len(c.Value)
 	for n, sec := range next.Secrets {
 		if n != c.Name {
@@ -126,7 +126,7 @@ func (s *sessionActor) opSecretDelete(msg *nats.Msg, c *session.Command) {
 		respond(msg, errorReply(err))
 		return
 	}
-	next := s.metaNext
+	next := s.events.metaNext
 	if _, ok := next.Secrets[c.Name]; !ok {
 		respond(msg, errorReply(session.Errorf(session.CodeNotFound, "session has no secret %s", c.Name)))
 		return
@@ -141,8 +141,8 @@ func (s *sessionActor) opSecretDelete(msg *nats.Msg, c *session.Command) {
 // opSecrets lists the secrets' names and who set them when (owner); never
 // their values.
 func (s *sessionActor) opSecrets(msg *nats.Msg) {
-	list := make([]session.SecretInfo, 0, len(s.metaNext.Secrets))
-	for n, sec := range s.metaNext.Secrets {
+	list := make([]session.SecretInfo, 0, len(s.events.metaNext.Secrets))
+	for n, sec := range s.events.metaNext.Secrets {
 		list = append(list, session.SecretInfo{Name: n, UpdatedAt: sec.UpdatedAt, UpdatedBy: sec.UpdatedBy})
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
@@ -157,7 +157,7 @@ func (s *sessionActor) opEgress(msg *nats.Msg, who session.Principal, c *session
 		respond(msg, errorReply(err))
 		return
 	}
-	next := s.metaNext
+	next := s.events.metaNext
 	next.Egress = own
 	s.changeMeta(msg, next, func() session.Reply {
 		sess := s.sessionFor(who)

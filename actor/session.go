@@ -109,18 +109,17 @@ type openResult struct {
 // time and dispatches to the components below, plain values it owns (no
 // locks): each has its own file, type and unit tests.
 //
-//	activation  activation.go  phase, lifecycle flags, requests waiting on them
-//	eventLog    eventlog.go    seq numbering, outbox, commit reports, metadata
-//	turnQueue   turnqueue.go   queued prompts, the running turn, previous turn
-//	sandboxUse  sandboxuse.go  the session's box, sandbox op, sandbox state
-//	timers      timers.go      idle (hibernate_after), drain, catalog, checkpoint
+//	act      activation  activation.go  phase, lifecycle flags, requests waiting on them
+//	events   eventLog    eventlog.go    seq numbering, outbox, commit reports, metadata
+//	queue    turnQueue   turnqueue.go   queued prompts, the running turn, previous turn
+//	sandbox  sandboxUse  sandboxuse.go  the session's box, sandbox op, sandbox state
+//	timers   timers      timers.go      idle (hibernate_after), drain, catalog, checkpoint
 //
 // The agent runtime (agent.go, agent_turn.go) is one more component beside
-// them. The components are embedded, so their fields and methods are reached
-// as s.phase, s.emit and so on from the files that predate the split. The
-// fields below are the actor's own: its identity, its goroutines, its
-// NATS subscription and history, the lease (lease.go) and checkpoints
-// (checkpoint.go).
+// them. Each component is a named field, so every use names the component
+// that owns the state (s.act.phase, s.events.emit). The other fields are
+// the actor's own: its identity, its goroutines, its history, the lease
+// (lease.go) and checkpoints (checkpoint.go).
 type sessionActor struct {
 	h    *Host
 	id   session.ID
@@ -134,11 +133,11 @@ type sessionActor struct {
 	mu      sync.Mutex
 	handoff *handoff // guarded by mu
 
-	activation
-	eventLog
-	turnQueue
-	sandboxUse
-	timers
+	act     activation
+	events  eventLog
+	queue   turnQueue
+	sandbox sandboxUse
+	timers  timers
 
 	current *nats.Msg // the command being handled, answered if it panics
 
@@ -167,13 +166,13 @@ type sessionActor struct {
 
 func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
 	s := &sessionActor{
-		h:          h,
-		id:         id,
-		info:       info,
-		log:        h.log.With("session", id),
-		sandboxUse: sandboxUse{sandboxState: session.SandboxNone},
+		h:       h,
+		id:      id,
+		info:    info,
+		log:     h.log.With("session", id),
+		sandbox: sandboxUse{sandboxState: session.SandboxNone},
 	}
-	s.activation.log = s.log
+	s.act.log = s.log
 	return s
 }
 
@@ -200,13 +199,13 @@ func (s *sessionActor) Receive(ctx proto.Context) {
 	case *proto.Stopped:
 		return
 	case *placeMsg:
-		s.touch()
+		s.timers.touch()
 		s.onPlace(ctx, m)
 	case *cmdMsg:
 		// Reads (info, history) do not keep a session awake: a client
 		// polling GET /v1/sessions/{id} must not defeat hibernation.
 		if op := m.cmd.Op; op != session.OpInfo && op != session.OpHistory {
-			s.touch()
+			s.timers.touch()
 		}
 		s.onCmd(m)
 	case *shutdownSession:
@@ -232,7 +231,7 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case fileMsg: // files.go
 		m.handle(s)
 	case *idleTimeout:
-		if s.idleFired(m.gen) {
+		if s.timers.idleFired(m.gen) {
 			s.onIdle(ctx)
 		}
 	case *opened:
@@ -242,18 +241,18 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case *cmdDrained:
 		s.onDrained(ctx, m.sub)
 	case *catalogTick:
-		s.catalogTimer = nil
+		s.timers.catalogTimer = nil
 		s.catalogChanged()
 	case *leaseLost:
 		s.onLeaseLost(ctx, m.why)
 	case *checkpointTick:
-		s.ckptTimer = nil
+		s.timers.ckptTimer = nil
 		s.startCheckpoint()
 	case *checkpointDone:
 		s.onCheckpointDone(ctx, m)
 	case *drainExpired:
-		if s.runner != nil {
-			s.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
+		if s.queue.runner != nil {
+			s.queue.runner.stop(stopRequest{status: session.TurnCancelled, shutdown: true})
 		}
 	case *closedMsg:
 		s.passivate(ctx)
@@ -274,7 +273,7 @@ func (s *sessionActor) onSelf(ctx proto.Context, m any) {
 	case *approvalExpired:
 		s.onApprovalExpired(m)
 	case *boxOpDone:
-		if s.opDone(m.op) {
+		if s.sandbox.opDone(m.op) {
 			s.maybeStartTurn()
 		}
 	}
@@ -307,38 +306,38 @@ func (s *sessionActor) spawn(f func()) {
 // it after each request. (protoactor's SetReceiveTimeout does this too, but
 // its timer callback races with the actor on the context's fields.)
 func (s *sessionActor) armIdle() {
-	idle := (s.phase == phaseActive && s.idle()) || s.phase == phaseNew
-	if gen, start := s.rearmIdle(idle); start {
-		s.startIdle(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
+	idle := (s.act.phase == phaseActive && s.idle()) || s.act.phase == phaseNew
+	if gen, start := s.timers.rearmIdle(idle); start {
+		s.timers.startIdle(s.h.cfg.HibernateAfter, func() { s.send(&idleTimeout{gen: gen}) })
 	}
 }
 
 // idle reports whether nothing is running, queued, uncommitted or waiting.
 func (s *sessionActor) idle() bool {
-	return s.turnQueue.idle() && s.sandboxUse.idle() && !s.eventLog.pending() && len(s.waiting) == 0 && s.files.idle()
+	return s.queue.idle() && s.sandbox.idle() && !s.events.pending() && len(s.act.waiting) == 0 && s.files.idle()
 }
 
 // quiet is idle for a session that is shutting down: queued prompts stay in
 // the log and do not run.
 func (s *sessionActor) quiet() bool {
-	return s.runner == nil && s.op == nil && !s.eventLog.pending()
+	return s.queue.runner == nil && s.sandbox.op == nil && !s.events.pending()
 }
 
 // --- activation -----------------------------------------------------------
 
 func (s *sessionActor) onPlace(ctx proto.Context, p *placeMsg) {
-	s.sleepFired(p.sleep, s.phase)
-	switch s.phase {
+	s.sandbox.sleepFired(p.sleep, s.act.phase)
+	switch s.act.phase {
 	case phaseNew:
 		if p.req.Op == session.PlaceCreate {
-			s.creator = p
+			s.act.creator = p
 			s.startOpen(p)
 			return
 		}
-		s.waiting = append(s.waiting, p)
+		s.act.waiting = append(s.act.waiting, p)
 		s.startOpen(nil)
 	case phaseOpening, phaseDraining, phaseWaking, phaseClosing:
-		s.waiting = append(s.waiting, p)
+		s.act.waiting = append(s.act.waiting, p)
 	case phaseActive:
 		s.answerPlace(p)
 	case phasePassivating:
@@ -351,11 +350,11 @@ func (s *sessionActor) onPlace(ctx proto.Context, p *placeMsg) {
 // answerPlace answers a place request once the Cmd subscription is live.
 func (s *sessionActor) answerPlace(p *placeMsg) {
 	if p.req.Op == session.PlaceCreate {
-		if p != s.creator {
+		if p != s.act.creator {
 			respond(p.msg, errorReply(session.Errorf(session.CodeConflict, "session %s already exists", s.id)))
 			return
 		}
-		s.creator = nil
+		s.act.creator = nil
 		sess := s.sessionFor(p.user)
 		respond(p.msg, session.Reply{Session: &sess})
 		return
@@ -366,7 +365,7 @@ func (s *sessionActor) answerPlace(p *placeMsg) {
 // startOpen opens (or, for create, creates) the history on a goroutine and
 // subscribes the Cmd subject; the result comes back as opened.
 func (s *sessionActor) startOpen(create *placeMsg) {
-	s.toOpening()
+	s.act.toOpening()
 	subject := s.h.cfg.Subjects.Cmd(s.id)
 	self := s.self
 	s.spawn(func() {
@@ -673,47 +672,47 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 			s.log.Warn("activate session", "err", ho.err)
 		}
 		rep := errorReply(ho.err)
-		s.openErr = ho.err
-		if s.creator != nil {
-			respond(s.creator.msg, rep)
-			s.creator = nil
+		s.act.openErr = ho.err
+		if s.act.creator != nil {
+			respond(s.act.creator.msg, rep)
+			s.act.creator = nil
 		}
-		for _, p := range s.takeWaiting() {
+		for _, p := range s.act.takeWaiting() {
 			respond(p.msg, rep)
 		}
-		for _, c := range s.takeEarly() {
+		for _, c := range s.act.takeEarly() {
 			respond(c.msg, rep)
 		}
-		s.toPassivating()
+		s.act.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 		return
 	}
 	s.info.opened.Store(true)
-	s.hist, s.sub = ho.hist, ho.sub
+	s.hist, s.act.sub = ho.hist, ho.sub
 	s.lease, s.fence = ho.lease, ho.lease.fence
-	s.eventLog.resume(ho.open.meta, ho.open.last, ho.open.lastTime, maxEventData(s.h.cfg.NATS))
-	s.turnQueue.resume(ho.open.lastTurn, ho.open.queue, ho.open.prev, ho.open.prompted)
-	s.sandboxState = ho.open.sandbox
-	s.box = s.h.boxes.lookup(s.id)
-	if s.box != nil && s.h.boxes.isAwake(s.box) && !s.h.boxes.armed(s.box) {
+	s.events.resume(ho.open.meta, ho.open.last, ho.open.lastTime, maxEventData(s.h.cfg.NATS))
+	s.queue.resume(ho.open.lastTurn, ho.open.queue, ho.open.prev, ho.open.prompted)
+	s.sandbox.sandboxState = ho.open.sandbox
+	s.sandbox.box = s.h.boxes.lookup(s.id)
+	if s.sandbox.box != nil && s.h.boxes.isAwake(s.sandbox.box) && !s.h.boxes.armed(s.sandbox.box) {
 		s.armSleep() // Its timer was lost with a previous incarnation.
 	}
-	s.committer = s.startCommitter(s.hist)
+	s.events.committer = s.startCommitter(s.hist)
 	// -1: unknown, the first periodic checkpoint writes one. Known when
 	// this node released the session last: nothing to write at
 	// hibernation if nothing is committed meanwhile.
 	s.ckptSeq = session.Seq(ho.lease.checkpointed.Load())
 	s.armCheckpoint()
-	s.toActive()
-	s.metered = true
+	s.act.toActive()
+	s.act.metered = true
 	s.h.metrics.activated()
 	s.putCatalog()
-	s.log.Debug("session active", "last_seq", s.durable)
-	if s.creator != nil {
-		s.answerPlace(s.creator)
+	s.log.Debug("session active", "last_seq", s.events.durable)
+	if s.act.creator != nil {
+		s.answerPlace(s.act.creator)
 	}
 	s.answerWaiting()
-	for _, c := range s.takeEarly() {
+	for _, c := range s.act.takeEarly() {
 		s.onCmd(c)
 	}
 	s.maybeStartTurn()
@@ -721,7 +720,7 @@ func (s *sessionActor) onOpened(ctx proto.Context) {
 }
 
 func (s *sessionActor) answerWaiting() {
-	for _, p := range s.takeWaiting() {
+	for _, p := range s.act.takeWaiting() {
 		s.answerPlace(p)
 	}
 }
@@ -730,10 +729,10 @@ func (s *sessionActor) answerWaiting() {
 
 func (s *sessionActor) onIdle(ctx proto.Context) {
 	switch {
-	case s.phase == phaseNew:
-		s.toPassivating()
+	case s.act.phase == phaseNew:
+		s.act.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
-	case s.phase == phaseActive && s.idle():
+	case s.act.phase == phaseActive && s.idle():
 		s.log.Debug("hibernating")
 		s.drain()
 	}
@@ -744,10 +743,10 @@ func (s *sessionActor) onIdle(ctx proto.Context) {
 // sent after the server dropped the interest fails with no responders, which
 // makes the gateway place the session again.
 func (s *sessionActor) drain() {
-	sub := s.sub
-	s.sub = nil
-	s.draining = sub
-	s.toDraining() // a session being deleted stays deleting
+	sub := s.act.sub
+	s.act.sub = nil
+	s.act.draining = sub
+	s.act.toDraining() // a session being deleted stays deleting
 	if sub == nil {
 		s.send(&cmdDrained{})
 		return
@@ -764,20 +763,20 @@ func (s *sessionActor) drain() {
 }
 
 func (s *sessionActor) onDrained(ctx proto.Context, sub *nats.Subscription) {
-	if sub != s.draining {
+	if sub != s.act.draining {
 		return
 	}
-	s.draining = nil
-	switch s.phase {
+	s.act.draining = nil
+	switch s.act.phase {
 	case phaseDeleting:
 		s.tryFinishDelete()
 	case phaseDraining:
-		if s.shutting && s.quiet() || !s.shutting && s.idle() {
+		if s.act.shutting && s.quiet() || !s.act.shutting && s.idle() {
 			s.close(ctx)
 			return
 		}
 		// Work arrived while draining: serve again.
-		s.toWaking()
+		s.act.toWaking()
 		subject, self := s.h.cfg.Subjects.Cmd(s.id), s.self
 		s.spawn(func() {
 			ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
@@ -796,47 +795,47 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 	if ho == nil {
 		return
 	}
-	if s.phase != phaseWaking {
+	if s.act.phase != phaseWaking {
 		if ho.sub != nil {
 			ho.sub.Unsubscribe()
 		}
 		return
 	}
-	s.toActive()
+	s.act.toActive()
 	if ho.err != nil {
 		// Without a subscription nobody can reach the session: it finishes
 		// what it has and hibernates; the next request places it again.
 		s.log.Warn("re-subscribe", "err", ho.err)
-		for _, p := range s.takeWaiting() {
+		for _, p := range s.act.takeWaiting() {
 			respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session could not subscribe; retry")))
 		}
 		return
 	}
-	s.sub = ho.sub
+	s.act.sub = ho.sub
 	s.answerWaiting()
 }
 
 // close closes the history on a goroutine once reads and commits are done;
 // closedMsg follows.
 func (s *sessionActor) close(ctx proto.Context) {
-	s.toClosing()
+	s.act.toClosing()
 	s.files.abort() // files.go
-	s.h.metrics.hibernated(&s.metered)
-	hist, c := s.hist, s.committer
-	s.committer = nil
+	s.h.metrics.hibernated(&s.act.metered)
+	hist, c := s.hist, s.events.committer
+	s.events.committer = nil
 	s.stopCatalogTimer()
 	// A session stopped by a closing host with prompts still queued stays
 	// active in the catalog: the next Start resumes it.
 	state := session.StateHibernated
-	if s.turns.Queued() > 0 {
+	if s.queue.turns.Queued() > 0 {
 		state = session.StateActive
 	}
 	entry := s.catalogEntry(state)
-	l, fence, epoch := s.lease, s.fence, s.meta.Epoch
-	durable, ckptSeq := s.durable, s.ckptSeq
-	s.closing = c
-	replace := s.shutting && s.turns.Queued() > 0
-	owner := s.meta.Owner
+	l, fence, epoch := s.lease, s.fence, s.events.meta.Epoch
+	durable, ckptSeq := s.events.durable, s.ckptSeq
+	s.events.closing = c
+	replace := s.act.shutting && s.queue.turns.Queued() > 0
+	owner := s.events.meta.Owner
 	s.lease = nil
 	s.stopCheckpointTimer()
 	s.spawn(func() {
@@ -875,9 +874,9 @@ func (s *sessionActor) close(ctx proto.Context) {
 // meanwhile go back to the manager, which holds them until the actor is gone
 // and then starts a new one.
 func (s *sessionActor) passivate(ctx proto.Context) {
-	s.toPassivating()
+	s.act.toPassivating()
 	ctx.Send(ctx.Parent(), &passivate{pid: s.self})
-	for _, p := range s.takeWaiting() {
+	for _, p := range s.act.takeWaiting() {
 		ctx.Send(ctx.Parent(), &bounced{m: p})
 	}
 }
@@ -885,27 +884,27 @@ func (s *sessionActor) passivate(ctx proto.Context) {
 // --- shutdown -------------------------------------------------------------
 
 func (s *sessionActor) onShutdown(ctx proto.Context) {
-	s.shutting = true
-	switch s.phase {
+	s.act.shutting = true
+	switch s.act.phase {
 	case phaseNew:
-		s.toPassivating()
+		s.act.toPassivating()
 		ctx.Send(ctx.Parent(), &passivate{pid: s.self})
 	}
-	if s.runner != nil {
+	if s.queue.runner != nil {
 		// Running turns may finish within DrainGrace; then they are
 		// cancelled.
-		s.armDrain(s.h.cfg.DrainGrace, func() { s.send(&drainExpired{}) })
+		s.timers.armDrain(s.h.cfg.DrainGrace, func() { s.send(&drainExpired{}) })
 	}
 }
 
 // maybeShutdown starts hibernating a session of a closing host as soon as
 // its running turn has finished and everything is committed.
 func (s *sessionActor) maybeShutdown() {
-	if s.shutting && s.phase == phaseActive && s.quiet() {
-		if !s.shutdownSlept && s.box != nil && s.h.boxes.isAwake(s.box) {
+	if s.act.shutting && s.act.phase == phaseActive && s.quiet() {
+		if !s.act.shutdownSlept && s.sandbox.box != nil && s.h.boxes.isAwake(s.sandbox.box) {
 			// A forced stop: save the workspace and put the sandbox to
 			// sleep first, logging both.
-			s.shutdownSlept = true
+			s.act.shutdownSlept = true
 			s.startSleep("the server is shutting down")
 			return
 		}
@@ -918,36 +917,36 @@ func (s *sessionActor) maybeShutdown() {
 // goroutines, which all end promptly once the runner is killed and the
 // committer's queue is closed.
 func (s *sessionActor) teardownNow(why string) {
-	s.h.metrics.deactivated(&s.metered)
-	s.stopIdle()
+	s.h.metrics.deactivated(&s.act.metered)
+	s.timers.stopIdle()
 	s.stopCatalogTimer()
 	s.stopCheckpointTimer()
-	s.stopDrain()
-	if s.lost {
+	s.timers.stopDrain()
+	if s.act.lost {
 		// The stream is out of reach or fenced.
-		for _, c := range []*committer{s.committer, s.closing} {
+		for _, c := range []*committer{s.events.committer, s.events.closing} {
 			if c != nil {
 				c.abort()
 			}
 		}
 	}
-	if s.sub != nil {
-		s.sub.Unsubscribe()
-		s.sub = nil
+	if s.act.sub != nil {
+		s.act.sub.Unsubscribe()
+		s.act.sub = nil
 	}
-	if s.draining != nil {
-		s.draining.Unsubscribe()
-		s.draining = nil
+	if s.act.draining != nil {
+		s.act.draining.Unsubscribe()
+		s.act.draining = nil
 	}
-	if s.runner != nil {
-		s.runner.abandon()
-		s.runner = nil
+	if s.queue.runner != nil {
+		s.queue.runner.abandon()
+		s.queue.runner = nil
 	}
 	s.files.abort() // files.go
-	s.cancelOp()
-	if s.committer != nil {
-		s.committer.stop()
-		s.committer = nil
+	s.sandbox.cancelOp()
+	if s.events.committer != nil {
+		s.events.committer.stop()
+		s.events.committer = nil
 	}
 	s.wg.Wait()
 	s.readsWG.Wait()
@@ -971,10 +970,10 @@ func (s *sessionActor) teardownNow(why string) {
 		cancel()
 		s.lease = nil
 	}
-	for _, p := range s.takeWaiting() {
+	for _, p := range s.act.takeWaiting() {
 		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session stopped; retry")))
 	}
-	if s.phase != phasePassivating {
+	if s.act.phase != phasePassivating {
 		s.log.Info("session actor torn down", "why", why)
 	}
 }
@@ -984,10 +983,9 @@ func (s *sessionActor) teardownNow(why string) {
 // catalogEntry is the session's catalog entry as it is now, naming this
 // node, whose disk has the history file, as the one that last held it.
 func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
-	e := catalogEntry(s.meta, s.durable, state, s.sandboxState)
-	e.LastActivity = s.lastActivity
+	e := catalogEntry(s.events.meta, s.events.durable, state, s.sandbox.sandboxState)
+	e.LastActivity = s.events.lastActivity
 	e.Node = s.h.cfg.NodeID
-	e.SandboxKind = s.h.cfg.SandboxKind
 	return e
 }
 
@@ -1002,15 +1000,15 @@ func catalogEntry(m session.Meta, last session.Seq, state session.State, sb sess
 // roleOf returns p's role (session.RoleFor): a caller from another tenant
 // has none, a tenant admin is an owner, and a credential's cap lowers it.
 func (s *sessionActor) roleOf(p session.Principal) session.Role {
-	return session.RoleFor(p, s.meta.Tenant, s.meta.Owner, s.meta.Members)
+	return session.RoleFor(p, s.events.meta.Tenant, s.events.meta.Owner, s.events.meta.Members)
 }
 
 // sessionFor returns the Session object as p sees it.
 func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 	return session.Session{
-		ID: s.id, Title: s.meta.Title, Owner: s.meta.Owner, CreatedAt: s.meta.CreatedAt,
-		LastSeq: s.durable, Epoch: s.meta.Epoch, State: session.StateActive,
-		Sandbox: session.NewSandboxInfo(s.sandboxState, s.h.cfg.SandboxKind), LastActivity: s.lastActivity,
-		Egress: slices.Clone(s.meta.Egress), Usage: cloneUsage(s.meta.Usage), Settings: session.SettingsOf(&s.meta),
-	}.WithRole(s.roleOf(p), maps.Clone(s.meta.Members))
+		ID: s.id, Title: s.events.meta.Title, Owner: s.events.meta.Owner, CreatedAt: s.events.meta.CreatedAt,
+		LastSeq: s.events.durable, Epoch: s.events.meta.Epoch, State: session.StateActive,
+		Sandbox: session.SandboxInfo{State: s.sandbox.sandboxState}, LastActivity: s.events.lastActivity,
+		Egress: slices.Clone(s.events.meta.Egress), Usage: cloneUsage(s.events.meta.Usage), Settings: session.SettingsOf(&s.events.meta),
+	}.WithRole(s.roleOf(p), maps.Clone(s.events.meta.Members))
 }

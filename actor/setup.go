@@ -40,10 +40,10 @@ type setupMark struct {
 
 // setupStep returns the session's setup step; nil without a setup command.
 func (s *sessionActor) setupStep() *setupStep {
-	if s.meta.Setup == "" {
+	if s.events.meta.Setup == "" {
 		return nil
 	}
-	return &setupStep{cmd: s.meta.Setup, hist: s.hist}
+	return &setupStep{cmd: s.events.meta.Setup, hist: s.hist}
 }
 
 // runSetup runs the box's setup command if it is due; nil means the turn

@@ -602,45 +602,45 @@ func (r *runner) acquire() bool {
 // maybeStartTurn starts the next queued turn if none runs.
 func (s *sessionActor) maybeStartTurn() {
 	s.startFileOps() // Writes received during the last turn go first (files.go).
-	for s.runner == nil && s.op == nil && !s.shutting && s.serving() {
-		t, ok := s.turns.Next()
+	for s.queue.runner == nil && s.sandbox.op == nil && !s.act.shutting && s.act.serving() {
+		t, ok := s.queue.turns.Next()
 		if !ok {
 			return
 		}
-		s.emit(session.KindTurnStarted, t.Prompt.By, mustMarshal(session.TurnStartedData{Turn: t.N, PromptSeq: t.Prompt.Seq}), nil)
+		s.events.emit(session.KindTurnStarted, t.Prompt.By, mustMarshal(session.TurnStartedData{Turn: t.N, PromptSeq: t.Prompt.Seq}), nil)
 		if t.Prompt.Cancelled { // cancelled while queued (OpCancel with PromptSeq): it never runs.
-			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnCancelled, ExitCode: -1}), nil)
+			s.events.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnCancelled, ExitCode: -1}), nil)
 			s.h.metrics.turnFinished(session.TurnCancelled, 0)
-			s.turns.Finish(t.N)
+			s.queue.turns.Finish(t.N)
 			continue
 		}
 		var argv, env []string
 		var err error
-		if s.meta.Harness.Agent == "" {
+		if s.events.meta.Harness.Agent == "" {
 			argv, env, err = s.harness(t)
 		}
 		if err != nil {
-			s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)
-			s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnFailed, ExitCode: -1}), nil)
+			s.events.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{Code: session.CodeBadRequest, Message: err.Error()}), nil)
+			s.events.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{Turn: t.N, Status: session.TurnFailed, ExitCode: -1}), nil)
 			s.h.metrics.turnFinished(session.TurnFailed, 0)
-			s.turns.Finish(t.N)
+			s.queue.turns.Finish(t.N)
 			continue
 		}
-		if s.box == nil {
-			s.box = s.h.boxes.get(s.id)
+		if s.sandbox.box == nil {
+			s.sandbox.box = s.h.boxes.get(s.id)
 		}
-		s.h.boxes.disarm(s.box) // A running turn is activity.
-		s.box.egress = s.h.egress.effective(s.meta.Egress)
-		s.box.limits = s.sandboxLimits() // settings.go
-		s.box.setup = s.setupStep()      // setup.go
+		s.h.boxes.disarm(s.sandbox.box) // A running turn is activity.
+		s.sandbox.box.egress = s.h.egress.effective(s.events.meta.Egress)
+		s.sandbox.box.limits = s.sandboxLimits() // settings.go
+		s.sandbox.box.setup = s.setupStep()      // setup.go
 		input := append(mustMarshal(session.HarnessInput{Session: s.id, Turn: t.N, Prompt: t.Prompt.Text, By: t.Prompt.By}), '\n')
-		text := s.meta.Harness.Stdin == session.HarnessStdinText
+		text := s.events.meta.Harness.Stdin == session.HarnessStdinText
 		if text {
 			input = []byte(t.Prompt.Text)
 		}
 		r := &runner{
-			log: s.log, h: s.h, box: s.box, fence: s.fence, id: s.id, turn: t.N,
-			input: input, argv: argv, env: env, closeStdin: text, tenant: s.meta.Tenant, user: t.Prompt.By,
+			log: s.log, h: s.h, box: s.sandbox.box, fence: s.fence, id: s.id, turn: t.N,
+			input: input, argv: argv, env: env, closeStdin: text, tenant: s.events.meta.Tenant, user: t.Prompt.By,
 			grace: s.h.cfg.CancelGrace, timeout: s.turnTimeout(), maxOutput: s.h.cfg.MaxTurnOutput,
 			stops: make(chan stopRequest, 4), answers: make(chan []byte, answerQueue),
 			credits: make(chan struct{}, outputCredits),
@@ -648,14 +648,14 @@ func (s *sessionActor) maybeStartTurn() {
 		for range outputCredits {
 			r.credits <- struct{}{}
 		}
-		tctx, span := s.h.startTurn(s.h.ctx, &s.traces, s.id, t.N, t.Prompt.Seq)
+		tctx, span := s.h.startTurn(s.h.ctx, &s.queue.traces, s.id, t.N, t.Prompt.Seq)
 		r.ctx, r.cancel = context.WithCancel(tctx)
 		r.span = span
 		r.send = s.send
-		if s.meta.Harness.Agent != "" {
+		if s.events.meta.Harness.Agent != "" {
 			r.agent = s.agentTurn(t)
 		}
-		s.runner = r
+		s.queue.runner = r
 		s.spawn(r.run)
 	}
 }
@@ -663,11 +663,11 @@ func (s *sessionActor) maybeStartTurn() {
 // harness returns the argv and environment of turn t.
 func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) {
 	env = []string{session.EnvSession + "=" + string(s.id), session.EnvTurn + "=" + strconv.FormatInt(t.N, 10)}
-	if s.prev != nil {
-		env = append(env, EnvPreviousTurn+"="+string(mustMarshal(s.prev)))
+	if s.queue.prev != nil {
+		env = append(env, EnvPreviousTurn+"="+string(mustMarshal(s.queue.prev)))
 	}
-	env = append(env, s.secretEnv(s.meta.Secrets)...)
-	h := s.meta.Harness
+	env = append(env, s.secretEnv(s.events.meta.Secrets)...)
+	h := s.events.meta.Harness
 	if len(h.Command) > 0 {
 		return h.Command, env, nil
 	}
@@ -690,27 +690,27 @@ func (s *sessionActor) harness(t *session.Turn) (argv, env []string, err error) 
 }
 
 func (s *sessionActor) setSandboxState(state session.SandboxState, detail string) {
-	s.sandboxState = state
-	s.emit(session.KindSandbox, session.BySystem, mustMarshal(session.SandboxData{State: state, Detail: detail}), nil)
+	s.sandbox.sandboxState = state
+	s.events.emit(session.KindSandbox, session.BySystem, mustMarshal(session.SandboxData{State: state, Detail: detail}), nil)
 	s.putCatalog()
 }
 
 func (s *sessionActor) onTurnEvent(m *turnEvent) {
-	if !s.owns(m.r) || s.phase == phaseDeleting {
+	if !s.queue.owns(m.r) || s.act.phase == phaseDeleting {
 		m.r.release()
 		return
 	}
-	s.emit(m.kind, session.BySystem, m.data, func(error) { m.r.release() })
+	s.events.emit(m.kind, session.BySystem, m.data, func(error) { m.r.release() })
 }
 
 func (s *sessionActor) onTurnApproval(m *turnApproval) {
-	if !s.owns(m.r) || s.phase == phaseDeleting {
+	if !s.queue.owns(m.r) || s.act.phase == phaseDeleting {
 		m.r.release()
 		return
 	}
 	release := func(error) { m.r.release() }
-	if err := s.turns.RequestApproval(m.r.turn, m.id); err != nil {
-		s.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{
+	if err := s.queue.turns.RequestApproval(m.r.turn, m.id); err != nil {
+		s.events.emit(session.KindError, session.BySystem, mustMarshal(session.ErrorData{
 			Code: session.CodeConflict, Message: fmt.Sprintf("turn %d: %v", m.r.turn, session.AsError(err).Message),
 		}), release)
 		return
@@ -719,41 +719,41 @@ func (s *sessionActor) onTurnApproval(m *turnApproval) {
 		s.agentApproval(m, release)
 		return
 	}
-	s.emit(session.KindApprovalRequested, session.BySystem,
+	s.events.emit(session.KindApprovalRequested, session.BySystem,
 		mustMarshal(session.ApprovalRequestedData{Turn: m.r.turn, ID: m.id, Summary: m.summary}), release)
 }
 
 // onSandboxNote logs what a runner or a sandbox op reports about the
 // sandbox.
 func (s *sessionActor) onSandboxNote(m *sandboxNote) {
-	if s.phase == phaseDeleting {
+	if s.act.phase == phaseDeleting {
 		return
 	}
 	if m.state != "" {
 		s.setSandboxState(m.state, m.detail)
 	}
 	if m.err != nil {
-		s.emit(session.KindError, session.BySystem, mustMarshal(m.err), nil)
+		s.events.emit(session.KindError, session.BySystem, mustMarshal(m.err), nil)
 	}
 }
 
 func (s *sessionActor) onTurnExited(m *turnExited) {
-	if !s.owns(m.r) {
+	if !s.queue.owns(m.r) {
 		return
 	}
-	s.exited(m)
+	s.queue.exited(m)
 	s.h.metrics.turnFinished(m.status, m.duration)
 	if m.fence > s.fence {
 		s.fence = m.fence
 	}
-	if s.phase == phaseDeleting {
+	if s.act.phase == phaseDeleting {
 		return
 	}
 	s.armSleep()
 	for _, e := range m.errors {
-		s.emit(session.KindError, session.BySystem, mustMarshal(e), nil)
+		s.events.emit(session.KindError, session.BySystem, mustMarshal(e), nil)
 	}
-	s.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
+	s.events.emit(session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
 		Turn: m.r.turn, Status: m.status, ExitCode: m.code, DurationMS: m.duration.Milliseconds(),
 	}), s.turnFinishedDurable)
 	s.maybeStartTurn()
@@ -762,7 +762,7 @@ func (s *sessionActor) onTurnExited(m *turnExited) {
 // turnFinishedDurable updates the catalog once a turn_finished is durable,
 // so listings show the end of every turn at once.
 func (s *sessionActor) turnFinishedDurable(err error) {
-	if err == nil && s.phase != phaseDeleting {
+	if err == nil && s.act.phase != phaseDeleting {
 		s.putCatalog()
 	}
 }

@@ -25,14 +25,14 @@ func cloneUsage(t *session.UsageTotals) *session.UsageTotals {
 // recordUsage logs usage event u and adds it to the totals in the metadata
 // committed with it.
 func (s *sessionActor) recordUsage(u session.UsageData) {
-	seq := s.emit(session.KindUsage, session.BySystem, mustMarshal(u), nil)
-	t := cloneUsage(s.metaNext.Usage)
+	seq := s.events.emit(session.KindUsage, session.BySystem, mustMarshal(u), nil)
+	t := cloneUsage(s.events.metaNext.Usage)
 	if t == nil {
 		t = &session.UsageTotals{}
 	}
 	t.Add(u)
-	s.metaNext.Usage, s.metaNext.UsageSeq = t, seq
-	s.metaDirty = true
+	s.events.metaNext.Usage, s.events.metaNext.UsageSeq = t, seq
+	s.events.metaDirty = true
 }
 
 // recoverUsage brings m's usage totals up to date with the history: usage
