@@ -46,6 +46,14 @@ func TestServer_SessionDiskBytes(t *testing.T) {
 		t.Errorf("GET shows settings %+v, want disk_bytes 33554432", g.Settings)
 	}
 
+	// Given at creation, as POST /v1/sessions "settings".
+	var made session.Session
+	alice.must(http.StatusCreated, "POST", "/v1/sessions", `{"title":"made","settings":{"disk_bytes":33554432}}`, &made)
+	if made.Settings == nil || made.Settings.DiskBytes != 32<<20 {
+		t.Errorf("created with disk_bytes: settings %+v", made.Settings)
+	}
+	alice.mustError(http.StatusForbidden, session.CodeForbidden, "POST", "/v1/sessions", `{"title":"big","settings":{"disk_bytes":134217728}}`)
+
 	alice.prompt(sess.ID, "df -k /workspace | tail -1; head -c 50331648 /dev/zero > big; echo exit=$?")
 	fin := alice.waitTurn(sess.ID, 1)
 	evs := alice.events(sess.ID, 0)
