@@ -24,6 +24,7 @@ func newNewCmd(env *cliEnv) *cobra.Command {
 		stdin   string
 		perm    string
 		egress  []string
+		sets    []string
 		asJSON  bool
 	)
 	cmd := &cobra.Command{
@@ -40,13 +41,19 @@ contract is in DESIGN.md §6.
 
 With --agent, turns run a coding agent instead (claude, codex, gemini,
 opencode: see 'atrium agents ls'), one process that keeps the conversation
-across turns.`,
+across turns.
+
+--set KEY=VALUE (repeatable) gives any setting 'atrium settings ID --set'
+takes (turn_timeout, memory_bytes, setup, mcp_servers, …) at creation; the
+server refuses the whole create, naming the setting, when one is not
+allowed.`,
 		Example: `  atrium new --title "fix the flaky test"
   ID=$(atrium new --title demo) && atrium send "$ID" 'ls -la' --wait
   atrium new --command '["python3","-u","agent.py"]'
   atrium new --egress github.com --egress '*.npmjs.org'
   atrium new --agent claude --title "fix the flaky test"
   atrium new --agent codex --permission-mode auto
+  atrium new --agent claude --set turn_timeout=10m --set setup='npm ci'
   atrium new --command 'python3 -u summarize.py' --stdin text --json`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,6 +85,27 @@ across turns.`,
 			if len(title) > session.MaxTitleBytes {
 				return usageError(cmd, "--title is longer than %d bytes", session.MaxTitleBytes)
 			}
+			for _, kv := range sets {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return usageError(cmd, "--set %q: want KEY=VALUE, e.g. --set turn_timeout=10m", kv)
+				}
+				if k == "title" {
+					return usageError(cmd, "give the title with --title, not --set")
+				}
+				val, err := settingValue(k, v)
+				if err != nil {
+					return usageError(cmd, "%v", err)
+				}
+				raw, err := json.Marshal(val)
+				if err != nil {
+					return usageError(cmd, "--set %s: %v", k, err)
+				}
+				if req.Settings == nil {
+					req.Settings = map[string]json.RawMessage{}
+				}
+				req.Settings[k] = raw
+			}
 			c, err := conn.client(cmd, env)
 			if err != nil {
 				return err
@@ -102,6 +130,7 @@ across turns.`,
 	f.StringVar(&agent, "agent", "", "run a coding agent over ACP (claude, codex, gemini, opencode, or one from the server's config)")
 	f.StringVar(&perm, "permission-mode", "", `an agent session's permission mode: "ask", "auto-edit" or "auto" (default: the server's agent_mode)`)
 	f.StringVar(&stdin, "stdin", "", `how a harness gets its turn: "json" (default) or "text" (the prompt alone, then end of input)`)
+	f.StringArrayVar(&sets, "set", nil, "KEY=VALUE setting of the new session (repeatable; the keys of 'atrium settings --set')")
 	f.BoolVar(&asJSON, "json", false, "print the created session as JSON")
 	return cmd
 }
