@@ -986,6 +986,7 @@ func (s *sessionActor) catalogEntry(state session.State) session.CatalogEntry {
 	e := catalogEntry(s.events.meta, s.events.durable, state, s.sandbox.sandboxState)
 	e.LastActivity = s.events.lastActivity
 	e.Node = s.h.cfg.NodeID
+	e.SandboxKind = s.h.cfg.SandboxKind
 	return e
 }
 
@@ -1008,7 +1009,7 @@ func (s *sessionActor) sessionFor(p session.Principal) session.Session {
 	return session.Session{
 		ID: s.id, Title: s.events.meta.Title, Owner: s.events.meta.Owner, CreatedAt: s.events.meta.CreatedAt,
 		LastSeq: s.events.durable, Epoch: s.events.meta.Epoch, State: session.StateActive,
-		Sandbox: session.SandboxInfo{State: s.sandbox.sandboxState}, LastActivity: s.events.lastActivity,
+		Sandbox: session.NewSandboxInfo(s.sandbox.sandboxState, s.h.cfg.SandboxKind), LastActivity: s.events.lastActivity,
 		Egress: slices.Clone(s.events.meta.Egress), Usage: cloneUsage(s.events.meta.Usage), Settings: session.SettingsOf(&s.events.meta),
 	}.WithRole(s.roleOf(p), maps.Clone(s.events.meta.Members))
 }

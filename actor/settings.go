@@ -25,7 +25,7 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 	p := c.Settings
 	if p.IsEmpty() {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest,
-			`settings: give "title" or "settings":{"harness","agent","permission_mode","turn_timeout","memory_bytes","pids","egress","mcp_servers","setup","invoke_concurrency"}`)))
+			`settings: give "title" or "settings":{"harness","agent","permission_mode","turn_timeout","memory_bytes","pids","disk_bytes","egress","mcp_servers","setup","invoke_concurrency"}`)))
 		return
 	}
 	next := s.events.metaNext
@@ -101,7 +101,9 @@ func (s *sessionActor) turnTimeout() time.Duration {
 // and re-hydrated), sandbox limits, MCP servers and setup command to next,
 // each within what the operator allows: memory and pids at most
 // the node's sandbox limits (forbidden beyond them, or when the node sets
-// none, naming the setting), MCP servers valid (session.ValidateMCPServers)
+// none, naming the setting), the workspace's disk at least
+// session.MinDiskBytes and at most sandbox.workspace_disk_bytes (the node's
+// quota; forbidden when it has none), MCP servers valid (session.ValidateMCPServers)
 // and those over http or sse reaching a host of the session's egress
 // allowlist (forbidden otherwise: the sandbox could not reach them).
 func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error {
@@ -174,6 +176,15 @@ func (h *Host) limitSettings(next *session.Meta, p *session.SettingsPatch) error
 		}
 		next.Pids = *v
 	}
+	if v := p.DiskBytes; v != nil {
+		if *v > 0 && *v < session.MinDiskBytes {
+			return session.Errorf(session.CodeBadRequest, "settings: disk_bytes %d is too small: at least %d (16 MiB), or 0 for the server's", *v, session.MinDiskBytes)
+		}
+		if err := limit("disk_bytes", "sandbox.workspace_disk_bytes", *v, h.cfg.SandboxSpec.DiskBytes); err != nil {
+			return err
+		}
+		next.DiskBytes = *v
+	}
 	if v := p.MCPServers; v != nil {
 		if len(*v) > 0 && next.Harness.Agent == "" {
 			return session.Errorf(session.CodeBadRequest, "settings: mcp_servers are for agent sessions; this session runs no agent")
@@ -244,13 +255,14 @@ func (h *Host) reachable(own []string, servers []session.MCPServer) error {
 type sandboxLimits struct {
 	memory int64
 	pids   int
+	disk   int64 // settings.disk_bytes
 }
 
 // sandboxLimits returns the session's own sandbox limits, which its actor
 // sets on the box before each turn; they apply when the sandbox is next
 // opened.
 func (s *sessionActor) sandboxLimits() sandboxLimits {
-	return sandboxLimits{memory: s.events.meta.MemoryBytes, pids: s.events.meta.Pids}
+	return sandboxLimits{memory: s.events.meta.MemoryBytes, pids: s.events.meta.Pids, disk: s.events.meta.DiskBytes}
 }
 
 // apply sets l's limits on spec (the node's where l has none).
@@ -260,5 +272,8 @@ func (l sandboxLimits) apply(spec *compute.Spec) {
 	}
 	if l.pids > 0 {
 		spec.Pids = l.pids
+	}
+	if l.disk > 0 {
+		spec.DiskBytes = l.disk
 	}
 }
