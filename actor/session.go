@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -14,7 +13,6 @@ import (
 
 	proto "github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -119,7 +117,9 @@ type openResult struct {
 // them. Each component is a named field, so every use names the component
 // that owns the state (s.act.phase, s.events.emit). The other fields are
 // the actor's own: its identity, its goroutines, its history, the lease
-// (lease.go) and checkpoints (checkpoint.go).
+// (lease.go) and checkpoints (checkpoint.go). The I/O of activation
+// (create, open, recover, subscribe) runs off the goroutine in an opener
+// (open.go), which holds none of this state.
 type sessionActor struct {
 	h    *Host
 	id   session.ID
@@ -138,6 +138,8 @@ type sessionActor struct {
 	queue   turnQueue
 	sandbox sandboxUse
 	timers  timers
+
+	opener *opener // activation I/O, run off the actor's goroutine (open.go)
 
 	current *nats.Msg // the command being handled, answered if it panics
 
@@ -173,6 +175,7 @@ func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
 		sandbox: sandboxUse{sandboxState: session.SandboxNone},
 	}
 	s.act.log = s.log
+	s.opener = &opener{h: h, id: id, log: s.log, sync: s.bringUpToDate}
 	return s
 }
 
@@ -378,9 +381,9 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		if err != nil {
 			ho = &handoff{err: err}
 		} else if create != nil {
-			ho = s.create(ctx, create)
+			ho = s.opener.create(ctx, create)
 			if ho.err == nil {
-				ho.sub, ho.err = s.subscribe(ctx, subject, self)
+				ho.sub, ho.err = s.opener.subscribe(ctx, subject, self)
 			}
 		} else {
 			// Subscribe while the history opens, so that the round trip
@@ -394,12 +397,12 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 			}
 			subC := make(chan subResult, 1)
 			s.spawn(func() {
-				sub, err := s.subscribe(ctx, subject, self)
+				sub, err := s.opener.subscribe(ctx, subject, self)
 				subC <- subResult{sub, err}
 			})
 			// Local SQLite reads: a cancellable context would cost modernc
 			// a goroutine per statement (see storage/sqlite's doc).
-			ho = s.open(context.WithoutCancel(ctx), l)
+			ho = s.opener.open(context.WithoutCancel(ctx), l)
 			r := <-subC
 			if ho.err == nil {
 				ho.sub, ho.err = r.sub, r.err
@@ -421,237 +424,6 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		s.mu.Unlock()
 		s.send(&opened{})
 	})
-}
-
-// subscribe subscribes the Cmd subject and waits until the server has it.
-func (s *sessionActor) subscribe(ctx context.Context, subject string, self *proto.PID) (*nats.Subscription, error) {
-	root := s.h.system.Root
-	sub, err := s.h.cfg.NATS.Subscribe(subject, func(msg *nats.Msg) { root.Send(self, newCmdMsg(msg)) })
-	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
-	}
-	if err := s.h.cfg.NATS.FlushWithContext(ctx); err != nil {
-		sub.Unsubscribe()
-		return nil, fmt.Errorf("subscribe %s: flush: %w", subject, err)
-	}
-	return sub, nil
-}
-
-func (s *sessionActor) create(ctx context.Context, p *placeMsg) *handoff {
-	own, err := s.h.egress.check(p.req.Egress)
-	if err != nil {
-		return &handoff{err: err}
-	}
-	now := time.Now().UTC()
-	m := session.Meta{
-		ID:        s.id,
-		Title:     p.req.Title,
-		Owner:     p.user.User,
-		Tenant:    p.user.Tenant,
-		Epoch:     session.NewEpoch(),
-		CreatedAt: session.Time{Time: now},
-		Members:   session.Members{p.user.User: session.RoleOwner},
-		Harness:   p.req.Harness,
-		Egress:    own,
-	}
-	hist, err := s.h.cfg.Histories.Create(ctx, m)
-	if err != nil {
-		return &handoff{err: fmt.Errorf("create session %s: %w", s.id, err)}
-	}
-	fail := func(err error) *handoff {
-		hist.Close()
-		if rerr := s.h.cfg.Histories.Remove(context.WithoutCancel(ctx), s.id); rerr != nil {
-			s.log.Warn("remove history of a failed create", "err", rerr)
-		}
-		return &handoff{err: err}
-	}
-	ev := encodeEvent(1, m.Epoch, now, session.KindSessionCreated, p.user.User,
-		mustMarshal(session.SessionCreatedData{Title: m.Title}))
-	evs := []session.Stored{ev}
-	if p.req.Fork != nil { // A fork starts with its parent's history (files.go).
-		if evs, err = forkEvents(p, m, now); err != nil {
-			return fail(fmt.Errorf("create session %s: %w", s.id, err))
-		}
-	}
-	if err := hist.Append(ctx, evs); err != nil {
-		return fail(fmt.Errorf("create session %s: %w", s.id, err))
-	}
-	if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, evs, &m); err != nil {
-		return fail(fmt.Errorf("create session %s: %w", s.id, session.Errorf(session.CodeUnavailable, "%v", err)))
-	}
-	entry := catalogEntry(m, evs[len(evs)-1].Seq, session.StateActive, session.SandboxNone)
-	entry.Node = s.h.cfg.NodeID
-	b, _ := json.Marshal(entry)
-	if _, err := s.h.kv.Create(ctx, string(s.id), b); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			err = session.Errorf(session.CodeConflict, "session %s already exists", s.id)
-		}
-		return fail(fmt.Errorf("create session %s: catalog: %w", s.id, err))
-	}
-	if p.req.Fork != nil {
-		res, err := s.recover(ctx, hist)
-		if err != nil {
-			return fail(fmt.Errorf("create session %s: %w", s.id, err))
-		}
-		return &handoff{hist: hist, open: res}
-	}
-	return &handoff{hist: hist, open: &openResult{meta: m, last: 1, sandbox: session.SandboxNone}}
-}
-
-// open opens an existing history and, if the process stopped in the middle
-// of a turn, finishes that turn in the log before serving.
-func (s *sessionActor) open(ctx context.Context, l *lease) *handoff {
-	hist, err := s.bringUpToDate(ctx, l.continued)
-	if err != nil {
-		return &handoff{err: fmt.Errorf("activate session %s: %w", s.id, err)}
-	}
-	res, err := s.recover(ctx, hist)
-	if err != nil {
-		hist.Close()
-		return &handoff{err: fmt.Errorf("activate session %s: %w", s.id, err)}
-	}
-	return &handoff{hist: hist, open: res}
-}
-
-func (s *sessionActor) recover(ctx context.Context, hist History) (*openResult, error) {
-	m, err := hist.Meta(ctx)
-	if err != nil {
-		return nil, err
-	}
-	last, err := hist.LastSeq(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := recoverUsage(ctx, hist, &m); err != nil { // usage.go
-		return nil, fmt.Errorf("total usage: %w", err)
-	}
-	res := &openResult{meta: m, last: last, sandbox: session.SandboxNone}
-	if last > 0 {
-		evs, _, err := hist.Range(ctx, last-1, 1, 0)
-		if err != nil {
-			return nil, err
-		}
-		var ev session.Event
-		if len(evs) == 1 && json.Unmarshal(evs[0], &ev) == nil && !ev.Time.IsZero() {
-			res.lastTime = &ev.Time
-		}
-	}
-	if raw, err := hist.LastOfKind(ctx, session.KindSandbox); err != nil {
-		return nil, err
-	} else if raw != nil {
-		var d session.SandboxData
-		if _, err := decodeEvent(raw, &d); err == nil && d.State != "" {
-			res.sandbox = d.State
-		}
-	}
-	var started, finished session.TurnStartedData
-	rawStarted, err := hist.LastOfKind(ctx, session.KindTurnStarted)
-	if err != nil {
-		return nil, err
-	}
-	if rawStarted != nil {
-		startEv, err := decodeEvent(rawStarted, &started)
-		if err != nil {
-			return nil, fmt.Errorf("decode last turn_started: %w", err)
-		}
-		res.lastTurn = started.Turn
-		rawFinished, err := hist.LastOfKind(ctx, session.KindTurnFinished)
-		if err != nil {
-			return nil, err
-		}
-		if rawFinished != nil {
-			if _, err := decodeEvent(rawFinished, &finished); err != nil {
-				return nil, fmt.Errorf("decode last turn_finished: %w", err)
-			}
-		}
-		if finished.Turn < started.Turn {
-			if err := s.finishInterrupted(ctx, hist, res, startEv, started.Turn); err != nil {
-				return nil, err
-			}
-		}
-	}
-	// Every prompt after the one the last turn ran was acknowledged but
-	// never started: it is the queue, and it runs now.
-	if res.queue, res.prompted, err = queuedPrompts(ctx, hist, started.PromptSeq); err != nil {
-		return nil, fmt.Errorf("read queued prompts: %w", err)
-	}
-	if len(res.queue) > 0 {
-		s.log.Info("resuming queued prompts", "prompts", len(res.queue))
-	}
-	if res.lastTurn > 0 {
-		if res.prev, err = previousOf(ctx, hist); err != nil {
-			return nil, fmt.Errorf("read how the last turn ended: %w", err)
-		}
-	}
-	return res, nil
-}
-
-// finishInterrupted logs that the process stopped during turn n and finishes
-// it as failed.
-func (s *sessionActor) finishInterrupted(ctx context.Context, hist History, res *openResult, startEv session.Event, n int64) error {
-	now := time.Now().UTC()
-	evs := []session.Stored{
-		encodeEvent(res.last+1, res.meta.Epoch, now, session.KindError, session.BySystem, mustMarshal(session.ErrorData{
-			Code:    session.CodeUnavailable,
-			Message: fmt.Sprintf("turn %d was interrupted because the server stopped", n),
-		})),
-		encodeEvent(res.last+2, res.meta.Epoch, now, session.KindTurnFinished, session.BySystem, mustMarshal(session.TurnFinishedData{
-			Turn: n, Status: session.TurnFailed, ExitCode: -1,
-			DurationMS: max(now.Sub(startEv.Time.Time).Milliseconds(), 0),
-		})),
-	}
-	if err := hist.Append(ctx, evs); err != nil {
-		return fmt.Errorf("finish interrupted turn %d: %w", n, err)
-	}
-	if _, err := s.h.captureEvents(ctx, s.id, res.meta.Epoch, evs, nil); err != nil {
-		return session.Errorf(session.CodeUnavailable, "finish interrupted turn %d: %v", n, err)
-	}
-	res.last += 2
-	s.log.Info("finished a turn interrupted by a stop", "turn", n)
-	return nil
-}
-
-// queuedPrompts returns the prompts (message events) after seq after, in
-// order, and whether the history holds any prompt. The common case, no
-// message after it, costs one indexed lookup.
-func queuedPrompts(ctx context.Context, hist History, after session.Seq) (_ []session.Prompt, prompted bool, _ error) {
-	raw, err := hist.LastOfKind(ctx, session.KindMessage)
-	if err != nil || raw == nil {
-		return nil, false, err
-	}
-	var head struct {
-		Seq session.Seq `json:"seq"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, true, fmt.Errorf("decode last message: %w", err)
-	}
-	lastMsg := head.Seq
-	var queue []session.Prompt
-	for after < lastMsg {
-		evs, more, err := hist.Range(ctx, after, maxHistoryLimit, session.DefaultHistoryMaxBytes)
-		if err != nil {
-			return nil, true, err
-		}
-		for _, raw := range evs {
-			var ev struct {
-				Seq  session.Seq         `json:"seq"`
-				Kind session.Kind        `json:"kind"`
-				By   string              `json:"by"`
-				Data session.MessageData `json:"data"`
-			}
-			if err := json.Unmarshal(raw, &ev); err != nil {
-				return nil, true, fmt.Errorf("decode event after %d: %w", after, err)
-			}
-			after = ev.Seq
-			if ev.Kind == session.KindMessage {
-				queue = append(queue, session.Prompt{Seq: ev.Seq, Text: ev.Data.Text, By: ev.By})
-			}
-		}
-		if !more || len(evs) == 0 {
-			break
-		}
-	}
-	return queue, true, nil
 }
 
 func (s *sessionActor) takeHandoff() *handoff {
@@ -781,7 +553,7 @@ func (s *sessionActor) onDrained(ctx proto.Context, sub *nats.Subscription) {
 		s.spawn(func() {
 			ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
 			defer cancel()
-			sub, err := s.subscribe(ctx, subject, self)
+			sub, err := s.opener.subscribe(ctx, subject, self)
 			s.mu.Lock()
 			s.handoff = &handoff{sub: sub, err: err}
 			s.mu.Unlock()
