@@ -233,7 +233,12 @@ func explain(err error, server string) error {
 			hint = "run 'atrium login', or pass --token or set " + envToken + " (a dev server accepts --token dev:<user>; " +
 				"a new server in token mode: 'atrium token create --bootstrap' on its machine)"
 		case session.CodeForbidden:
-			hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
+			if strings.HasPrefix(msg, "settings:") {
+				// Beyond a limit the operator sets, not a missing role.
+				hint = "choose a value within the limit, or ask the server's operator to raise it"
+			} else {
+				hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
+			}
 		case session.CodeNotFound:
 			hint = "list the sessions you can see with 'atrium ls'"
 		case session.CodeTooManyRequests:

@@ -20,7 +20,10 @@ func TestCLI_Files(t *testing.T) {
 	os.WriteFile(filepath.Join(agent, "run.sh"), []byte("mkdir -p out\nread -r body\necho \"got $body\" > out/result.txt\ncat agent/lib/greeting.txt\n"), 0o755)
 	os.WriteFile(filepath.Join(agent, "lib", "greeting.txt"), []byte("hello from the agent\n"), 0o644)
 
+	os.WriteFile(filepath.Join(agent, "install.sh"), []byte("echo installed >> .installs\n"), 0o755)
 	c.ok("cp", agent, id+":agent")
+	// The install step runs once after files change, not on every invoke.
+	c.ok("settings", id, "--set", "setup=bash agent/install.sh", "--set", "memory_bytes=1GiB", "--set", "pids=256")
 	listing := c.ok("files", id, "agent", "-r")
 	if !strings.Contains(listing, "agent/run.sh") || !strings.Contains(listing, "agent/lib/greeting.txt") || !strings.Contains(listing, "0755") {
 		t.Fatalf("files -r:\n%s", listing)
@@ -33,7 +36,11 @@ func TestCLI_Files(t *testing.T) {
 	if got := c.ok("cp", id+":out/result.txt", "-"); !strings.HasPrefix(got, "got {") || !strings.Contains(got, `"n`) {
 		t.Fatalf("cp out: %q", got)
 	}
-	diff := c.ok("diff", id)
+	c.ok("invoke", id, `{"n":2}`)
+	if got := c.ok("cp", id+":.installs", "-"); got != "installed\n" {
+		t.Fatalf("setup ran %q over two invokes with no file written between them, want once", got)
+	}
+	diff := c.ok("diff", id, "--turn", "1")
 	if !strings.Contains(diff, "A out/result.txt") || !strings.Contains(diff, "+got {") {
 		t.Fatalf("diff:\n%s", diff)
 	}
@@ -41,6 +48,11 @@ func TestCLI_Files(t *testing.T) {
 	// A file in from stdin, a folder out.
 	if _, errs, err := c.run(cliContext(t), strings.NewReader("input\n"), "cp", "-", id+":in/data.txt"); err != nil {
 		t.Fatalf("cp - : %v %s", err, errs)
+	}
+	// A file written since: the next invoke installs again first.
+	c.ok("invoke", id, `{"n":3}`)
+	if got := c.ok("cp", id+":.installs", "-"); got != "installed\ninstalled\n" {
+		t.Fatalf("setup after a file was written: %q, want a second run", got)
 	}
 	dst := filepath.Join(local, "copy")
 	c.ok("cp", id+":agent", dst)

@@ -28,7 +28,7 @@ func TestCLI_NewSettings(t *testing.T) {
 		"--set title=x":             "give the title with --title",
 		"--set pids=-1":             "want a number",
 		"--set turn_timeout=48h":    "beyond this server's limit",
-		"--set memory_bytes=64MiB":  "sandbox.memory_bytes",
+		"--set memory_bytes=64GiB":  "limit of 2147483648 (sandbox.memory_bytes)",
 		"--set permission_mode=ask": "permission_mode is for agent sessions",
 	} {
 		if _, _, err := c.run(cliContext(t), nil, append([]string{"new"}, strings.Fields(args)...)...); err == nil || !strings.Contains(err.Error(), want) {

@@ -35,7 +35,7 @@ func TestCLI_Settings(t *testing.T) {
 		"--set memory_bytes=lots":    "want a size such as",
 		"--set pids=-1":              "want a number",
 		"--set mcp_servers=[oops":    "mcp_servers: not JSON",
-		"--set memory_bytes=64MiB":   "sandbox.memory_bytes",
+		"--set memory_bytes=64GiB":   "limit of 2147483648 (sandbox.memory_bytes)",
 		"--set disk_bytes=lots":      "want a size such as",
 		"--set disk_bytes=1MiB":      "disk_bytes 1048576 is too small",
 		"--set disk_bytes=2GiB":      "sandbox.workspace_disk_bytes",

@@ -9,6 +9,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -632,6 +633,13 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// The limits a session's settings may choose within: the configured
+	// ones, or the local provider's defaults that apply without them.
+	memory, pids := cfg.Sandbox.MemoryBytes, cfg.Sandbox.Pids
+	if cfg.Sandbox.Provider == ProviderLocal {
+		memory = cmp.Or(memory, local.DefaultMemoryBytes)
+		pids = cmp.Or(pids, local.DefaultPids)
+	}
 	s.host, err = actor.New(actor.Config{
 		SecretKeys:         secretKeys,
 		Agents:             agentCat,
@@ -639,7 +647,7 @@ func (s *Server) startNode(ctx context.Context) (err error) {
 		Histories:          actor.HistoriesOf(&sqlite.Dir{Path: filepath.Join(cfg.DataDir, "history"), Logger: cfg.Logger}),
 		Provider:           s.prov,
 		SandboxKind:        sandboxKind(cfg.Sandbox),
-		SandboxSpec:        compute.Spec{MemoryBytes: cfg.Sandbox.MemoryBytes, Pids: cfg.Sandbox.Pids, DiskBytes: s.diskQuota, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
+		SandboxSpec:        compute.Spec{MemoryBytes: memory, Pids: pids, DiskBytes: s.diskQuota, CPUs: cfg.Sandbox.CPUs, Egress: cfg.Sandbox.Egress, ModelSocket: s.modelSocket()},
 		EgressPermit:       cfg.Sandbox.EgressPermit,
 		Models:             s.actorModels(),
 		Store:              workspaces,
