@@ -19,15 +19,12 @@ import (
 // goroutine: creating or opening the history, finishing a turn a stop
 // interrupted, reading the turn queue, and subscribing the Cmd subject. It
 // holds only what that needs (never the actor's state), so what it does
-// reaches the actor only through the handoff.
+// reaches the actor only through the handoff. Bringing the history up to
+// date with the events stream before it opens is in takeover.go.
 type opener struct {
 	h   *Host
 	id  session.ID
 	log *slog.Logger
-
-	// sync brings the local history up to date with the events stream
-	// before it is opened (takeover.go).
-	sync func(ctx context.Context, continued bool) (History, error)
 }
 
 // subscribe subscribes the Cmd subject and waits until the server has it.
@@ -110,7 +107,7 @@ func (o *opener) create(ctx context.Context, p *placeMsg) *handoff {
 // open opens an existing history and, if the process stopped in the middle
 // of a turn, finishes that turn in the log before serving.
 func (o *opener) open(ctx context.Context, l *lease) *handoff {
-	hist, err := o.sync(ctx, l.continued)
+	hist, err := o.bringUpToDate(ctx, l.continued)
 	if err != nil {
 		return &handoff{err: fmt.Errorf("activate session %s: %w", o.id, err)}
 	}

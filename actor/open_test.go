@@ -1,11 +1,8 @@
 package actor
 
 import (
-	"context"
-	"errors"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -73,17 +70,5 @@ func TestOpener_Recover(t *testing.T) {
 	}
 	if res.prev == nil || res.prev.Turn != 1 || res.prev.Status != session.TurnOK {
 		t.Fatalf("prev = %+v, want turn 1 ok", res.prev)
-	}
-}
-
-// TestOpener_OpenSyncFails: open names the session when bringing the
-// history up to date fails, and opens nothing.
-func TestOpener_OpenSyncFails(t *testing.T) {
-	id := session.NewID()
-	boom := errors.New("stream unreachable")
-	o := &opener{id: id, log: testLogger(t), sync: func(context.Context, bool) (History, error) { return nil, boom }}
-	ho := o.open(t.Context(), &lease{})
-	if !errors.Is(ho.err, boom) || !strings.Contains(ho.err.Error(), "activate session "+string(id)) || ho.hist != nil {
-		t.Fatalf("open = err %v hist %v, want %v naming session %s and no history", ho.err, ho.hist, boom, id)
 	}
 }

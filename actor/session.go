@@ -118,8 +118,9 @@ type openResult struct {
 // that owns the state (s.act.phase, s.events.emit). The other fields are
 // the actor's own: its identity, its goroutines, its history, the lease
 // (lease.go) and checkpoints (checkpoint.go). The I/O of activation
-// (create, open, recover, subscribe) runs off the goroutine in an opener
-// (open.go), which holds none of this state.
+// (create, open, recover, subscribe; takeover.go's bringing the history up
+// to date with the stream) runs off the goroutine in an opener (open.go),
+// which holds none of this state.
 type sessionActor struct {
 	h    *Host
 	id   session.ID
@@ -175,7 +176,7 @@ func newSessionActor(h *Host, id session.ID, info *spawnInfo) *sessionActor {
 		sandbox: sandboxUse{sandboxState: session.SandboxNone},
 	}
 	s.act.log = s.log
-	s.opener = &opener{h: h, id: id, log: s.log, sync: s.bringUpToDate}
+	s.opener = &opener{h: h, id: id, log: s.log}
 	return s
 }
 
@@ -388,7 +389,7 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		} else {
 			// Subscribe while the history opens, so that the round trip
 			// to the server overlaps opening the file; commands that
-			// arrive first wait in s.early. (Not for create: until it
+			// arrive first wait in s.act.early. (Not for create: until it
 			// succeeds the id may be a hibernated session's, which this
 			// actor must not answer for.)
 			type subResult struct {

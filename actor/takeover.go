@@ -45,13 +45,13 @@ var errDiverged = errors.New("the local history diverged from the events stream"
 
 // bringUpToDate opens id's history, making it agree with the events stream
 // first (see above).
-func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (History, error) {
-	hist, err := s.syncWithStream(ctx, continued)
+func (o *opener) bringUpToDate(ctx context.Context, continued bool) (History, error) {
+	hist, err := o.syncWithStream(ctx, continued)
 	if err != nil {
 		return hist, err
 	}
-	s.h.markCurrent(s.id)
-	if err := s.sayStoreFullStop(ctx, hist); err != nil {
+	o.h.markCurrent(o.id)
+	if err := o.sayStoreFullStop(ctx, hist); err != nil {
 		return nil, err
 	}
 	return hist, nil
@@ -59,13 +59,13 @@ func (s *sessionActor) bringUpToDate(ctx context.Context, continued bool) (Histo
 
 // syncWithStream opens id's history and makes it agree with the events
 // stream (see above).
-func (s *sessionActor) syncWithStream(ctx context.Context, continued bool) (History, error) {
-	h := s.h
+func (o *opener) syncWithStream(ctx context.Context, continued bool) (History, error) {
+	h := o.h
 	if continued {
 		// This node released the lease last and nobody held it since:
 		// everything it committed was captured before it let go, so the
 		// file is current. The fast path of waking: no stream lookup.
-		hist, err := h.cfg.Histories.Open(ctx, s.id)
+		hist, err := h.cfg.Histories.Open(ctx, o.id)
 		if err == nil || !errors.Is(err, session.ErrNotFound) {
 			return hist, err
 		}
@@ -73,24 +73,24 @@ func (s *sessionActor) syncWithStream(ctx context.Context, continued bool) (Hist
 	if err := h.storeFull(); err != nil {
 		// The stream may not even answer reads while its disk is full (a
 		// write stuck holding it): refuse at once, saying why.
-		return nil, session.Errorf(session.CodeUnavailable, "session %s cannot be compared with the events stream: %v; retry", s.id, err)
+		return nil, session.Errorf(session.CodeUnavailable, "session %s cannot be compared with the events stream: %v; retry", o.id, err)
 	}
-	last, err := h.streamLast(ctx, h.cfg.Subjects.Events(s.id))
+	last, err := h.streamLast(ctx, h.cfg.Subjects.Events(o.id))
 	if err != nil {
 		return nil, session.Errorf(session.CodeUnavailable, "%v", err)
 	}
 	if last != nil && isControl(last.Header) {
 		if session.ControlKind(last.Header.Get(session.HeaderControl)) == session.ControlDeleted {
-			return nil, session.Errorf(session.CodeNotFound, "session %s not found", s.id)
+			return nil, session.Errorf(session.CodeNotFound, "session %s not found", o.id)
 		}
 		last = nil // Not an event; nothing to compare.
 	}
-	hist, err := h.cfg.Histories.Open(ctx, s.id)
+	hist, err := h.cfg.Histories.Open(ctx, o.id)
 	if err != nil && !errors.Is(err, session.ErrNotFound) {
 		return nil, err
 	}
 	if err == nil {
-		ok, err := s.reconcile(ctx, hist, last)
+		ok, err := o.reconcile(ctx, hist, last)
 		if ok || err != nil {
 			if err != nil {
 				hist.Close()
@@ -99,7 +99,7 @@ func (s *sessionActor) syncWithStream(ctx context.Context, continued bool) (Hist
 		}
 		hist.Close()
 	}
-	return s.restore(ctx, last)
+	return o.restore(ctx, last)
 }
 
 // storeFullSaidWithin bounds how long after a stop for a full store its
@@ -111,8 +111,8 @@ const storeFullSaidWithin = time.Hour
 // did: the prompts sent meanwhile were refused, and a reader of the history
 // sees why. A stop older than storeFullSaidWithin is not said: the session
 // may have been served elsewhere since.
-func (s *sessionActor) sayStoreFullStop(ctx context.Context, hist History) error {
-	v, ok := s.h.storeFullStops.LoadAndDelete(s.id)
+func (o *opener) sayStoreFullStop(ctx context.Context, hist History) error {
+	v, ok := o.h.storeFullStops.LoadAndDelete(o.id)
 	if !ok || hist == nil {
 		return nil
 	}
@@ -130,7 +130,7 @@ func (s *sessionActor) sayStoreFullStop(ctx context.Context, hist History) error
 					stop.at.UTC().Format(time.RFC3339), stop.why),
 			}))
 			if err = hist.Append(ctx, []session.Stored{ev}); err == nil {
-				if _, err = s.h.captureEvents(ctx, s.id, m.Epoch, []session.Stored{ev}, nil); err != nil {
+				if _, err = o.h.captureEvents(ctx, o.id, m.Epoch, []session.Stored{ev}, nil); err != nil {
 					err = session.Errorf(session.CodeUnavailable, "record the full store: %v", err)
 				}
 			}
@@ -146,7 +146,7 @@ func (s *sessionActor) sayStoreFullStop(ctx context.Context, hist History) error
 // reconcile brings an open local history up to date with the stream whose
 // last event is last (nil: the stream has none). ok false means the file
 // cannot be trusted: restore instead.
-func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstream.RawStreamMsg) (ok bool, err error) {
+func (o *opener) reconcile(ctx context.Context, hist History, last *jetstream.RawStreamMsg) (ok bool, err error) {
 	local, err := hist.LastSeq(ctx)
 	if err != nil {
 		return false, err
@@ -155,8 +155,8 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 		// The stream has nothing of the session (it predates the stream,
 		// or the stream aged it out): a checkpoint newer than the file
 		// means another node owned it since.
-		if s.h.cfg.Checkpoints != nil {
-			m, _, err := s.h.readCheckpoint(ctx, s.id)
+		if o.h.cfg.Checkpoints != nil {
+			m, _, err := o.h.readCheckpoint(ctx, o.id)
 			if err != nil {
 				return false, session.Errorf(session.CodeUnavailable, "%v", err)
 			}
@@ -184,13 +184,13 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 				mine = evs[0]
 			}
 		}
-		err := s.replay(ctx, hist, local, 1, last.Sequence, mine)
+		err := o.replay(ctx, hist, local, 1, last.Sequence, mine)
 		switch {
 		case errors.Is(err, errReplayGap):
-			s.log.Info("local history is behind the stream's reach; restoring the checkpoint", "last_seq", local, "stream_seq", streamSeq)
+			o.log.Info("local history is behind the stream's reach; restoring the checkpoint", "last_seq", local, "stream_seq", streamSeq)
 			return false, nil
 		case errors.Is(err, errDiverged):
-			s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+			o.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
 				"last_seq", local, "stream_seq", streamSeq)
 			return false, nil
 		case err != nil:
@@ -200,7 +200,7 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 			if err != nil {
 				return false, err
 			}
-			s.log.Warn("the replay stopped short of the stream's last event; restoring the checkpoint",
+			o.log.Warn("the replay stopped short of the stream's last event; restoring the checkpoint",
 				"last_seq", now, "stream_seq", streamSeq)
 			return false, nil
 		}
@@ -211,14 +211,14 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 		return false, err
 	}
 	if len(evs) != 1 || !bytes.Equal(evs[0], last.Data) {
-		s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+		o.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
 			"last_seq", local, "stream_seq", streamSeq)
 		return false, nil
 	}
 	if local > streamSeq {
-		if err := s.republish(ctx, hist, streamSeq, local); err != nil {
+		if err := o.republish(ctx, hist, streamSeq, local); err != nil {
 			if errors.Is(err, errDiverged) {
-				s.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
+				o.log.Warn("local history disagrees with the stream (another node wrote since); restoring the checkpoint",
 					"last_seq", local, "stream_seq", streamSeq)
 				return false, nil
 			}
@@ -230,12 +230,12 @@ func (s *sessionActor) reconcile(ctx context.Context, hist History, last *jetstr
 
 // republish captures the events after seq from through to of hist: committed
 // here but never confirmed by the stream.
-func (s *sessionActor) republish(ctx context.Context, hist History, from, to session.Seq) error {
+func (o *opener) republish(ctx context.Context, hist History, from, to session.Seq) error {
 	m, err := hist.Meta(ctx)
 	if err != nil {
 		return err
 	}
-	s.log.Info("re-publishing events whose capture was never confirmed", "from", from+1, "to", to)
+	o.log.Info("re-publishing events whose capture was never confirmed", "from", from+1, "to", to)
 	for after := from; after < to; {
 		raws, _, err := hist.Range(ctx, after, maxBatch, session.DefaultHistoryMaxBytes)
 		if err != nil || len(raws) == 0 {
@@ -250,7 +250,7 @@ func (s *sessionActor) republish(ctx context.Context, hist History, from, to ses
 			evs = append(evs, session.Stored{Seq: seq, JSON: raw})
 			after = seq
 		}
-		if _, err := s.h.captureEvents(ctx, s.id, m.Epoch, evs, nil); err != nil {
+		if _, err := o.h.captureEvents(ctx, o.id, m.Epoch, evs, nil); err != nil {
 			if errors.Is(err, errSeqTaken) {
 				// The stream has another event under one of these seqs
 				// (a read of its end that lagged behind another owner's
@@ -265,36 +265,36 @@ func (s *sessionActor) republish(ctx context.Context, hist History, from, to ses
 
 // restore makes id's local history from the newest checkpoint, or from the
 // stream alone, then replays the stream after it.
-func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg) (History, error) {
-	h := s.h
+func (o *opener) restore(ctx context.Context, last *jetstream.RawStreamMsg) (History, error) {
+	h := o.h
 	var m *checkpointManifest
 	if h.cfg.Checkpoints != nil {
 		var err error
-		if m, _, err = h.readCheckpoint(ctx, s.id); err != nil {
+		if m, _, err = h.readCheckpoint(ctx, o.id); err != nil {
 			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
 		}
 	}
 	var start uint64 = 1
 	switch {
 	case m != nil:
-		if err := h.restoreCheckpoint(ctx, s.id, m); err != nil {
+		if err := h.restoreCheckpoint(ctx, o.id, m); err != nil {
 			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
 		}
 		start = m.StreamSeq + 1
-		s.log.Info("restored checkpoint", "last_seq", m.LastSeq, "fence", m.Fence, "node", m.Node)
+		o.log.Info("restored checkpoint", "last_seq", m.LastSeq, "fence", m.Fence, "node", m.Node)
 	case last != nil:
-		metaMsg, err := h.streamLast(ctx, h.cfg.Subjects.Meta(s.id))
+		metaMsg, err := h.streamLast(ctx, h.cfg.Subjects.Meta(o.id))
 		if err != nil {
 			return nil, session.Errorf(session.CodeUnavailable, "%v", err)
 		}
 		if metaMsg == nil {
-			return nil, session.Errorf(session.CodeUnavailable, "session %s has events in the stream but no metadata and no checkpoint", s.id)
+			return nil, session.Errorf(session.CodeUnavailable, "session %s has events in the stream but no metadata and no checkpoint", o.id)
 		}
 		var meta session.Meta
-		if err := json.Unmarshal(metaMsg.Data, &meta); err != nil || meta.ID != s.id {
-			return nil, session.Errorf(session.CodeInternal, "session %s: metadata in the stream does not decode (%v)", s.id, err)
+		if err := json.Unmarshal(metaMsg.Data, &meta); err != nil || meta.ID != o.id {
+			return nil, session.Errorf(session.CodeInternal, "session %s: metadata in the stream does not decode (%v)", o.id, err)
 		}
-		if err := h.cfg.Histories.Remove(ctx, s.id); err != nil {
+		if err := h.cfg.Histories.Remove(ctx, o.id); err != nil {
 			return nil, err
 		}
 		hist, err := h.cfg.Histories.Create(ctx, meta)
@@ -302,11 +302,11 @@ func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg
 			return nil, err
 		}
 		hist.Close()
-		s.log.Info("rebuilding history from the events stream")
+		o.log.Info("rebuilding history from the events stream")
 	default:
-		return nil, session.Errorf(session.CodeNotFound, "session %s not found", s.id)
+		return nil, session.Errorf(session.CodeNotFound, "session %s not found", o.id)
 	}
-	hist, err := h.cfg.Histories.Open(ctx, s.id)
+	hist, err := h.cfg.Histories.Open(ctx, o.id)
 	if err != nil {
 		return nil, err
 	}
@@ -316,10 +316,10 @@ func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg
 		if last != nil {
 			want = last.Sequence
 		}
-		err = s.replay(ctx, hist, local, start, want, nil)
+		err = o.replay(ctx, hist, local, start, want, nil)
 	}
 	if errors.Is(err, errReplayGap) {
-		err = session.Errorf(session.CodeUnavailable, "session %s cannot be restored: %v after seq %d", s.id, err, local)
+		err = session.Errorf(session.CodeUnavailable, "session %s cannot be restored: %v after seq %d", o.id, err, local)
 	}
 	if err != nil {
 		hist.Close()
@@ -339,9 +339,9 @@ func (s *sessionActor) restore(ctx context.Context, last *jetstream.RawStreamMsg
 // seen: its own look at the stream's end is a direct get, which a lagging
 // replica may answer with an older message, and stopping there would take
 // a file for current that is not.
-func (s *sessionActor) replay(ctx context.Context, hist History, base session.Seq, start, want uint64, mine []byte) error {
-	h := s.h
-	evSubj, metaSubj := h.cfg.Subjects.Events(s.id), h.cfg.Subjects.Meta(s.id)
+func (o *opener) replay(ctx context.Context, hist History, base session.Seq, start, want uint64, mine []byte) error {
+	h := o.h
+	evSubj, metaSubj := h.cfg.Subjects.Events(o.id), h.cfg.Subjects.Meta(o.id)
 	target := want
 	for _, subj := range []string{evSubj, metaSubj} {
 		m, err := h.streamLast(ctx, subj)
@@ -436,7 +436,7 @@ func (s *sessionActor) replay(ctx context.Context, hist History, base session.Se
 		}
 	}
 	if top > base {
-		s.log.Info("replayed events from the stream", "from", base+1, "to", top)
+		o.log.Info("replayed events from the stream", "from", base+1, "to", top)
 	}
 	return nil
 }
