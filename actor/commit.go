@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -302,13 +303,26 @@ func (s *sessionActor) onCommitted(m *committed) {
 	if m.c != s.events.committer {
 		return
 	}
+	dropped := errors.Is(m.err, errDropped)
+	caused := dropped && s.commitErr != nil
+	if caused {
+		// Queued behind the failed commit: its callers are told that
+		// commit's cause (a full disk, say), not only that an earlier
+		// write failed.
+		m.err = s.commitErr
+	}
 	if m.err != nil && m.c.uncaptured.Load() {
 		// The history has events the stream does not: this node may no
 		// longer write the session (another owner wrote those seqs, or
 		// the lease is going). Stop; the next activation reconciles the
 		// file with the stream. Callers are told to retry.
-		m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
+		if !caused {
+			m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
+		}
 		s.send(&leaseLost{why: "its events could not be captured"})
+	}
+	if m.err != nil && !dropped {
+		s.commitErr = m.err
 	}
 	res := s.events.settle(m, time.Now())
 	if m.err != nil {

@@ -30,6 +30,11 @@ type eventLog struct {
 	gen         uint64 // commit generation: incremented by a failed commit
 	maxData     int    // the largest event data that publishes
 
+	// inflight are the uncommitted batches, in queue order (the committer
+	// reports them in it): a stop that will not read their reports fails
+	// them (abandon), so that every caller waiting on them is answered.
+	inflight []*batch
+
 	// lastActivity is when the last event was committed; nil if unknown.
 	lastActivity *session.Time
 
@@ -82,7 +87,40 @@ func (l *eventLog) takeBatch() *batch {
 		l.metaDirty = false
 	}
 	l.uncommitted++
+	l.inflight = append(l.inflight, b)
 	return b
+}
+
+// abandon fails, with err, everything that is numbered and not yet durable
+// (queued batches whose reports will not be read, the outbox, pending
+// metadata): the actor stops without settling them. It returns how many
+// events and metadata callbacks it failed. Numbering goes on from the last
+// durable seq, as after a failed commit.
+func (l *eventLog) abandon(err error) int {
+	var afters []func(error)
+	for _, b := range l.inflight {
+		for _, p := range b.pend {
+			if p.after != nil {
+				afters = append(afters, p.after)
+			}
+		}
+		afters = append(afters, b.metaAfter...)
+	}
+	for _, p := range l.outbox {
+		if p.after != nil {
+			afters = append(afters, p.after)
+		}
+	}
+	afters = append(afters, l.metaAfter...)
+	l.inflight, l.outbox, l.metaAfter = nil, nil, nil
+	l.uncommitted = 0
+	l.gen++
+	l.nextSeq = l.durable + 1
+	l.metaNext, l.metaDirty = l.meta, false
+	for _, f := range afters {
+		f(err)
+	}
+	return len(afters)
 }
 
 // settled is what applying a commit's report changed.
@@ -106,6 +144,12 @@ type settled struct {
 func (l *eventLog) settle(m *committed, now time.Time) settled {
 	var out settled
 	l.uncommitted -= len(m.batches)
+	for _, b := range m.batches {
+		if len(l.inflight) > 0 && l.inflight[0] == b {
+			l.inflight[0] = nil
+			l.inflight = l.inflight[1:]
+		}
+	}
 	if m.err != nil {
 		var dropped []pendingEvent
 		for _, b := range m.batches {

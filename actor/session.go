@@ -159,6 +159,10 @@ type sessionActor struct {
 	ckptRunning bool
 	ckptSeq     session.Seq
 
+	// commitErr is why this activation's last failed commit failed
+	// (onCommitted): the batches dropped behind it report it.
+	commitErr error
+
 	// files holds the file writes waiting for the running turn (files.go).
 	files fileQueue
 
@@ -723,6 +727,18 @@ func (s *sessionActor) teardownNow(why string) {
 	}
 	s.wg.Wait()
 	s.readsWG.Wait()
+	// The stopped committer's reports reach a mailbox that no longer
+	// settles them (the committer is gone): fail what they carried and
+	// what was never handed over, so that every caller waiting for a
+	// commit (a prompt's 202, a member change) is answered now, with why
+	// the session stopped, instead of timing out at the gateway.
+	var stopped error = session.Errorf(session.CodeUnavailable, "the session stopped; retry")
+	if s.act.lost && s.act.openErr != nil {
+		stopped = s.act.openErr
+	}
+	if n := s.events.abandon(stopped); n > 0 {
+		s.log.Info("failed what waited for a commit: the session stopped", "callbacks", n, "why", why)
+	}
 	if ho := s.takeHandoff(); ho != nil {
 		if ho.sub != nil {
 			ho.sub.Unsubscribe()
@@ -744,7 +760,7 @@ func (s *sessionActor) teardownNow(why string) {
 		s.lease = nil
 	}
 	for _, p := range s.act.takeWaiting() {
-		respond(p.msg, errorReply(session.Errorf(session.CodeUnavailable, "the session stopped; retry")))
+		respond(p.msg, errorReply(stopped))
 	}
 	if s.act.phase != phasePassivating {
 		s.log.Info("session actor torn down", "why", why)
