@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atriumhq/atrium/compute/egress"
+	"github.com/atriumhq/atrium/compute/vmhost"
 )
 
 func main() {
@@ -22,6 +23,12 @@ func main() {
 	// the forwarder from the sandbox's loopback to the node's proxy.
 	if egress.IsForwarder(os.Args) {
 		os.Exit(egress.RunForwarder(os.Args, os.Stdout, os.Stderr))
+	}
+	// QEMU runs `atrium vmhost relay ADDR` for each connection of a VM to
+	// its VM host's outbound proxy: before anything may write to stderr,
+	// which is that connection.
+	if vmhost.IsRelay(os.Args) {
+		os.Exit(vmhost.RunRelay(os.Args))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -29,6 +30,7 @@ const defaultAgentDir = "/var/lib/atrium-agent"
 type agentFlags struct {
 	listen, tokenFile, dir string
 	tlsCert, tlsKey        string
+	upstreamProxy          string
 	unsafe, verbose        bool
 }
 
@@ -80,6 +82,7 @@ See docs/compute.md for the API and worked provisioning hooks.`,
 	fl.BoolVar(&f.unsafe, "unsafe-no-sandbox", false, "run commands directly in the VM, without bubblewrap (when the VM is the isolation boundary)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; with --tls-key)")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	fl.StringVar(&f.upstreamProxy, "upstream-proxy", "", "HTTP proxy (http://host:port) that workspace transfers and the sandboxes' egress go through: a VM's only way out (atrium vmhost sets it)")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }
@@ -101,7 +104,17 @@ func runSandboxAgent(ctx context.Context, env *cliEnv, f agentFlags) error {
 	}
 	log := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 
-	lp, err := local.New(local.Config{Dir: f.dir, Unsafe: f.unsafe, Logger: log})
+	var upstream *url.URL
+	lcfg := local.Config{Dir: f.dir, Unsafe: f.unsafe, Logger: log}
+	if f.upstreamProxy != "" {
+		u, err := url.Parse(f.upstreamProxy)
+		if err != nil || u.Scheme != "http" || u.Host == "" || u.Port() == "" {
+			return fmt.Errorf("sandbox-agent: --upstream-proxy %q: want http://host:port", f.upstreamProxy)
+		}
+		upstream = u
+		lcfg.EgressDial = sandboxagent.UpstreamDial(u)
+	}
+	lp, err := local.New(lcfg)
 	if err != nil {
 		return fmt.Errorf("sandbox-agent: %w", err)
 	}
@@ -113,7 +126,7 @@ func runSandboxAgent(ctx context.Context, env *cliEnv, f agentFlags) error {
 		}
 	}()
 	srv, err := sandboxagent.New(sandboxagent.Config{
-		Token: token, Provider: lp, Dir: f.dir, Version: buildVersion(), Logger: log,
+		Token: token, Provider: lp, Dir: f.dir, Version: buildVersion(), UpstreamProxy: upstream, Logger: log,
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox-agent: %w", err)

@@ -32,6 +32,8 @@ func TestSandboxAgent_RefusesWithoutToken(t *testing.T) {
 		{"short token file", []string{"sandbox-agent", "--listen", "127.0.0.1:0", "--token-file", short}, nil, "shorter than 16"},
 		{"missing token file", []string{"sandbox-agent", "--listen", "127.0.0.1:0", "--token-file", "/nonexistent"}, nil, "read token"},
 		{"half TLS", []string{"sandbox-agent", "--listen", "127.0.0.1:0", "--tls-cert", "c.pem"}, nil, "go together"},
+		{"bad upstream proxy", []string{"sandbox-agent", "--listen", "127.0.0.1:0", "--upstream-proxy", "socks5://10.0.2.100:1080"},
+			map[string]string{agentTokenEnv: "0123456789abcdef0123"}, "--upstream-proxy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer

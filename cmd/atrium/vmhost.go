@@ -28,6 +28,7 @@ func newVMHostCmd(env *cliEnv) *cobra.Command {
 		stateDir                     string
 		maxVMs, memory               int
 		verbose, noSnapshots         bool
+		allow                        []string
 	)
 	cmd := &cobra.Command{
 		Use:     "vmhost --listen ADDR --token-file F --dir D",
@@ -44,7 +45,8 @@ QEMU uses KVM when the CPU offers VT-x/AMD-V, software emulation (TCG) otherwise
 
 See docs/compute.md.`,
 		Example: `  atrium vmhost image build --dir /var/lib/atrium-vmhost
-  atrium vmhost --listen 10.0.0.5:7000 --token-file /etc/atrium/vmhost-token --dir /var/lib/atrium-vmhost
+  atrium vmhost --listen 10.0.0.5:7000 --token-file /etc/atrium/vmhost-token --dir /var/lib/atrium-vmhost \
+      --allow s3.internal:9000 --allow api.github.com
   # on the node: remote compute with an HTTP hook at http://10.0.0.5:7000 and that token`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -71,7 +73,7 @@ See docs/compute.md.`,
 			}
 			log := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 			srv, err := vmhost.New(vmhost.Config{Dir: dir, StateDir: stateDir, Token: token, Host: host, MaxVMs: maxVMs,
-				MemoryMiB: memory, NoSnapshots: noSnapshots, Version: buildVersion(), Logger: log})
+				MemoryMiB: memory, NoSnapshots: noSnapshots, Allow: allow, Version: buildVersion(), Logger: log})
 			if err != nil {
 				return err
 			}
@@ -83,7 +85,7 @@ See docs/compute.md.`,
 			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 			log.Info("vm host listening", "url", "http://"+ln.Addr().String(), "accel", srv.Accel(),
 				"accel_note", map[string]string{"kvm": "hardware virtualization", "tcg": "software emulation: no VT-x/AMD-V here, VMs are slow"}[srv.Accel()],
-				"kernel", srv.Manifest().Kernel, "max_vms", maxVMs)
+				"kernel", srv.Manifest().Kernel, "max_vms", maxVMs, "vms_reach", strings.Join(allow, ","))
 			ctx := cmd.Context()
 			errc := make(chan error, 1)
 			go func() { errc <- hs.Serve(ln) }()
@@ -107,6 +109,7 @@ See docs/compute.md.`,
 	fl.StringVar(&host, "host", "", "address the VMs' agents are forwarded on and nodes reach (default: --listen's host)")
 	fl.IntVar(&maxVMs, "max-vms", vmhost.DefaultMaxVMs, "VMs running at once; beyond, creation is refused")
 	fl.IntVar(&memory, "memory", vmhost.DefaultMemoryMiB, "memory of each VM in MiB, when the sandbox names none")
+	fl.StringSliceVar(&allow, "allow", nil, "what the VMs may reach, besides the nodes' calls coming in: the object store's host:port (presigned URLs) and the hosts sandboxes may be allowed (sandbox.egress_permit); repeat or separate with commas; nothing else")
 	fl.BoolVar(&noSnapshots, "no-snapshots", false, "boot every VM cold instead of cloning a snapshot template of its size")
 	fl.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	cmd.AddCommand(newVMHostImageCmd(env), newVMHostStatusCmd(env))

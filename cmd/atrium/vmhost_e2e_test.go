@@ -216,7 +216,7 @@ func TestDev_VMHostKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	vh := startVMHost(t, bin, image, state, listen, tokenFile)
+	vh := startVMHost(t, bin, image, state, listen, tokenFile, "--allow", s3.Endpoint)
 
 	cfg := filepath.Join(dir, "atrium.yaml")
 	yaml := fmt.Sprintf(`sandbox:
@@ -283,7 +283,7 @@ storage:
 	// turn gets a fresh VM and the workspace saved in S3.
 	vh.cmd.Process.Signal(syscall.SIGKILL)
 	<-vh.exited
-	startVMHost(t, bin, image, state, listen, tokenFile)
+	startVMHost(t, bin, image, state, listen, tokenFile, "--allow", s3.Endpoint)
 	begin = time.Now()
 	if out := turn(a2, 3, "cat note"); out != "kept\n" {
 		t.Fatalf("turn 3 after the VM host's kill -9: %q", out)
@@ -333,7 +333,7 @@ func TestDev_VMHostClaude(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	startVMHost(t, bin, image, state, listen, tokenFile, "--memory", "1024")
+	startVMHost(t, bin, image, state, listen, tokenFile, "--memory", "1024", "--allow", s3.Endpoint)
 	data := filepath.Join(dir, "data")
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		t.Fatal(err)

@@ -31,6 +31,8 @@ func TestVMHost_RefusesBadStarts(t *testing.T) {
 		{"every address", []string{"vmhost", "--listen", "0.0.0.0:7000", "--token-file", good}, "give --host"},
 		{"no image", []string{"vmhost", "--listen", "127.0.0.1:0", "--token-file", good, "--dir", empty},
 			"atrium vmhost image build --dir " + empty},
+		{"bad allow", []string{"vmhost", "--listen", "127.0.0.1:0", "--token-file", good, "--dir", empty, "--allow", "not a host!"},
+			"vmhost: --allow"},
 		{"status without token", []string{"vmhost", "status"}, "--token-file is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -82,6 +83,12 @@ type Config struct {
 	// StdinWindow bounds the stdin bytes buffered per command; default
 	// DefaultStdinWindow.
 	StdinWindow int64
+	// UpstreamProxy, when set, is the HTTP proxy every transfer to and
+	// from presigned URLs goes through (a VM whose only way out is its
+	// VM host's outbound proxy); nil: HTTP_PROXY and HTTPS_PROXY as
+	// usual. UpstreamDial gives compute/local's egress proxies the same
+	// way out.
+	UpstreamProxy *url.URL
 	// Logger receives the agent's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -150,6 +157,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	proxy := http.ProxyFromEnvironment
+	if cfg.UpstreamProxy != nil {
+		proxy = http.ProxyURL(cfg.UpstreamProxy)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg:     cfg,
@@ -160,7 +171,7 @@ func New(cfg Config) (*Server, error) {
 		cancel:  cancel,
 		fence:   -1,
 		objects: &http.Client{Transport: &http.Transport{
-			Proxy:               http.ProxyFromEnvironment,
+			Proxy:               proxy,
 			MaxIdleConnsPerHost: 16,
 			IdleConnTimeout:     90 * time.Second,
 		}},

@@ -24,7 +24,7 @@ import (
 
 // ImageFormat is the version of the image layout and guest init; an image
 // of another format is refused.
-const ImageFormat = 4
+const ImageFormat = 5
 
 // KernelMeta is the Debian package whose dependency names the guest kernel.
 const KernelMeta = "linux-image-cloud-amd64"
@@ -399,7 +399,7 @@ func writeInitramfs(w io.Writer, root, kver, atrium string) error {
 	c.file("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
 	c.file("etc/group", []byte("root:x:0:\n"), 0o644)
 	c.file("etc/hostname", []byte("sandbox\n"), 0o644)
-	init := strings.NewReplacer("@MODULES@", strings.Join(mods, " "), "@TOOLSLABEL@", toolsLabel, "@TOOLSPATH@", ToolsPath).Replace(initScript)
+	init := strings.NewReplacer("@MODULES@", strings.Join(mods, " "), "@TOOLSLABEL@", toolsLabel, "@TOOLSPATH@", ToolsPath, "@PROXY@", GuestProxyURL).Replace(initScript)
 	c.file("init", []byte(init), 0o755)
 	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 	if _, err := zw.Write(c.bytes()); err != nil {
@@ -486,7 +486,8 @@ rm -f /run/config
 ) </dev/null >/dev/null 2>&1 &
 echo "atrium-init: starting the agent"
 while :; do
-	atrium sandbox-agent --listen 0.0.0.0:7070 --token-file /run/token --dir /var/lib/atrium-agent </dev/null
+	atrium sandbox-agent --listen 0.0.0.0:7070 --token-file /run/token --dir /var/lib/atrium-agent \
+		--upstream-proxy @PROXY@ </dev/null
 	echo "atrium-init: the agent exited ($?); restarting"
 	sleep 1
 done

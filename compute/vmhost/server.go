@@ -9,7 +9,8 @@
 // Each VM's agent token, the host's time and fresh randomness reach the
 // guest on a private read-only configuration disk, never on a command line.
 // The agent is reached through QEMU user networking: a TCP port of the VM
-// host forwarded to the guest's agent.
+// host forwarded to the guest's agent. The guest itself reaches only the
+// VM host's outbound proxy, which allows Config.Allow (network.go).
 //
 // QEMU uses KVM when the CPU offers VT-x or AMD-V and /dev/kvm opens, and
 // software emulation (TCG) otherwise; Accelerator says which.
@@ -79,6 +80,16 @@ type Config struct {
 	NoSnapshots bool
 	// QEMU is the QEMU binary; default DefaultQEMU.
 	QEMU string
+	// Allow is what the VMs may reach besides the node's calls coming in
+	// (egress.ParseAllowlist entries: the object store's host:port for
+	// the presigned URLs, hosts sandboxes may be allowed to reach). The
+	// guest reaches them only through the VM host's outbound proxy; empty
+	// allows nothing.
+	Allow []string
+	// Atrium is the atrium executable QEMU runs as the relay to the
+	// outbound proxy (`atrium vmhost relay`); default the running
+	// executable.
+	Atrium string
 	// Logger receives the server's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -90,6 +101,9 @@ type Server struct {
 	accel string
 	qemu  string
 	man   Manifest
+	// atrium is Config.Atrium resolved; out is the VMs' outbound proxy.
+	atrium string
+	out    *outbound
 
 	tplMu     sync.Mutex
 	templates map[int]*template // guarded by tplMu: by memory size
@@ -133,6 +147,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	allow, err := parseAllow(cfg.Allow)
+	if err != nil {
+		return nil, err
+	}
 	qemu, err := exec.LookPath(cfg.QEMU)
 	if err != nil {
 		return nil, fmt.Errorf("vmhost: QEMU (%s) is not installed: apt-get install qemu-system-x86", cfg.QEMU)
@@ -160,6 +178,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version != "" && m.Version != cfg.Version {
 		return nil, fmt.Errorf("vmhost: the image in %s holds atrium %s, this is atrium %s: rebuild it with %s", cfg.Dir, m.Version, cfg.Version, fix)
 	}
+	atrium, err := atriumPath(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = filepath.Join(cfg.Dir, "vms")
 	}
@@ -169,7 +191,12 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
 		return nil, fmt.Errorf("vmhost: %w", err)
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, accel: Accelerator(), qemu: qemu, man: m, vms: make(map[string]*vm), templates: make(map[int]*template)}, nil
+	out, err := startOutbound(allow, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, log: cfg.Logger, accel: Accelerator(), qemu: qemu, man: m, atrium: atrium, out: out,
+		vms: make(map[string]*vm), templates: make(map[int]*template)}, nil
 }
 
 // Accel is the accelerator the server's VMs use: "kvm" or "tcg".
@@ -509,6 +536,7 @@ func (s *Server) Close() {
 	for _, v := range vms {
 		s.remove(v)
 	}
+	s.out.close()
 }
 
 // Handler serves the API: POST /create and /destroy (the HookRequest as

@@ -193,8 +193,11 @@ func (s *Server) qemuArgs(v *vm, incoming string) []string {
 		"-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz=%d rdinit=/init", tscKHz()),
 		"-drive", "id=ws,file=" + filepath.Join(v.dir, "disk.img") + ",format=raw,if=none,cache=unsafe",
 		"-device", "virtio-blk-device,drive=ws",
-		"-netdev", "user,id=n0,hostfwd=tcp:" + v.addr + "-:" + strconv.Itoa(agentPort) +
-			",hostfwd=tcp:" + v.cfgAddr + "-:" + strconv.Itoa(configPort),
+		// restrict=on: the guest reaches only the outbound proxy
+		// (guestfwd); the node reaches the agent and the configuration
+		// port (hostfwd).
+		"-netdev", "user,id=n0,restrict=on,hostfwd=tcp:" + v.addr + "-:" + strconv.Itoa(agentPort) +
+			",hostfwd=tcp:" + v.cfgAddr + "-:" + strconv.Itoa(configPort) + "," + s.guestfwd(),
 		"-device", "virtio-net-device,netdev=n0",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",

@@ -119,6 +119,9 @@ const hostToken = "vmhost-test-token"
 func newServer(t *testing.T, cfg vmhost.Config) (*vmhost.Server, string) {
 	t.Helper()
 	cfg.Dir = testImage(t)
+	if cfg.Atrium == "" {
+		cfg.Atrium = testImageState.bin // the relay to the outbound proxy
+	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = stateDir(t)
 	}
