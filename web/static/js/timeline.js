@@ -26,6 +26,10 @@ const TAIL = 40; // rows rendered in the first frame, the rest after it is paint
 const BURST_QUIET = 12;
 const BURST_MAX = 1000;
 const EDGE = 400; // px from an edge that loads more
+// A scroll within INTENT_MS of one of INTENT_EVENTS is the reader's.
+const INTENT_MS = 1000;
+const INTENT_EVENTS = ['wheel', 'touchstart', 'touchmove', 'keydown', 'pointerdown'];
+const NAV_KEYS = new Set(['PageUp', 'PageDown', 'ArrowUp', 'ArrowDown', 'Home', 'End', ' ']);
 
 export class Timeline {
   /**
@@ -50,8 +54,19 @@ export class Timeline {
     scroller.prepend(this.top);
     scroller.appendChild(this.jump);
     this.lastTop = 0;
-    this.onScroll = () => this.scrolled();
+    // Only the reader stops the following: a scroll up counts when the
+    // reader touched the timeline just before (wheel, touch, keys, the
+    // scroll bar) or a script scrolled it (an untrusted event). A scroll the
+    // browser made on its own (a row above changing size, scroll
+    // anchoring, content-visibility sizing rows) keeps the live end.
+    this.intentAt = -Infinity;
+    this.onIntent = (e) => {
+      if (e.type === 'keydown' && (!NAV_KEYS.has(e.key) || e.target.closest?.('input, textarea, select, [contenteditable]'))) return;
+      this.intentAt = performance.now();
+    };
+    this.onScroll = (e) => this.scrolled(!e.isTrusted || performance.now() - this.intentAt < INTENT_MS);
     scroller.addEventListener('scroll', this.onScroll, { passive: true });
+    for (const t of INTENT_EVENTS) window.addEventListener(t, this.onIntent, { passive: true, capture: true });
     // Keep the live end in view when the timeline or its rows change size.
     this.resize = new ResizeObserver(() => { if (this.following && this.rendered > 0) this.toBottom(); });
     this.resize.observe(scroller);
@@ -196,14 +211,13 @@ export class Timeline {
   }
 
   // scrolled follows the reader: at the bottom the timeline follows the live
-  // end; a scroll up (the only thing that lowers scrollTop besides
-  // trimming, which happens only while reading far back) stops following.
-  // Layout changes (the queue or the prompt box growing) move no scrollTop,
-  // so they never stop following; the ResizeObserver keeps the end in view.
+  // end; the reader's scroll up stops following. A scroll the browser made
+  // (byReader false: rows changing size above, scroll anchoring) never
+  // stops it: the live end is put back in view, as the ResizeObserver does.
   // While following, rows far behind the store's end are a burst (a resume
   // catching up) that the scheduled render shows, starting the window
   // afresh; only a reader who left the live end steps back towards it.
-  scrolled() {
+  scrolled(byReader = true) {
     const top = this.scroller.scrollTop;
     const up = top < this.lastTop - 1;
     this.lastTop = top;
@@ -214,8 +228,10 @@ export class Timeline {
         this.following = true;
         if (this.vhi < this.store.hi) this.changed();
       }
-    } else if (up) {
+    } else if (up && byReader) {
       this.following = false;
+    } else if (this.following) {
+      this.toBottom();
     }
     if (top < EDGE) this.older();
     this.edges();
@@ -309,6 +325,7 @@ export class Timeline {
   /** destroy stops listening and cancels pending work. */
   destroy() {
     this.scroller.removeEventListener('scroll', this.onScroll);
+    for (const t of INTENT_EVENTS) window.removeEventListener(t, this.onIntent, { capture: true });
     this.resize.disconnect();
     this.top.remove();
     this.jump.remove();
