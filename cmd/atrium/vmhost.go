@@ -86,6 +86,10 @@ See docs/compute.md.`,
 			log.Info("vm host listening", "url", "http://"+ln.Addr().String(), "accel", srv.Accel(),
 				"accel_note", map[string]string{"kvm": "hardware virtualization", "tcg": "software emulation: no VT-x/AMD-V here, VMs are slow"}[srv.Accel()],
 				"kernel", srv.Manifest().Kernel, "max_vms", maxVMs, "vms_reach", strings.Join(allow, ","))
+			if len(allow) == 0 {
+				log.Warn("the VMs may reach nothing outside: workspace saves and restores through the object store's presigned URLs will fail; " +
+					"give the object store's host:port with --allow")
+			}
 			ctx := cmd.Context()
 			errc := make(chan error, 1)
 			go func() { errc <- hs.Serve(ln) }()
