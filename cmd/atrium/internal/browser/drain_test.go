@@ -94,10 +94,15 @@ func TestBrowser_ResumeAfterDrain(t *testing.T) {
 		want[i] = int64(i + 1)
 	}
 	checkSeqs(t, "rows seen scrolling up from the live end", seqs, want)
-	re := regexp.MustCompile(`(?m)^line (\d+)$`)
+	re := regexp.MustCompile(`(?m)^(line|hidden) (\d+)$`)
 	next := 1
 	for _, m := range re.FindAllStringSubmatch(text, -1) {
-		if got, _ := strconv.Atoi(m[1]); got != next {
+		got, _ := strconv.Atoi(m[2])
+		if m[1] == "hidden" { // lines of a collapsed output row, before its tail
+			next += got
+			continue
+		}
+		if got != next {
 			t.Fatalf("the page's output has %q where line %d should be (a line lost or repeated)", m[0], next)
 		}
 		next++
@@ -121,7 +126,14 @@ func (tb *tab) scrollToStart() ([]int64, string) {
 	for {
 		rows := eval[[]row](tb, `[...document.querySelectorAll('#rows > .ev')].map((e) => ({
 			seq: Number(e.dataset.seq),
-			text: e.classList.contains('k-output') ? [...e.querySelectorAll('pre')].map((p) => p.textContent).join('') : '',
+			// An output event of more than 24 lines shows its tail behind
+			// "Show N earlier lines" (under load the node reads several
+			// lines at once): say how many are hidden.
+			text: e.classList.contains('k-output') ? (() => {
+				const more = e.querySelector('button.more[data-more]');
+				const hidden = more ? 'hidden ' + more.textContent.replace(/[^0-9]/g, '') + '\n' : '';
+				return hidden + [...e.querySelectorAll('pre')].map((p) => p.textContent).join('');
+			})() : '',
 		}))`)
 		for _, r := range rows {
 			seen[r.Seq] = r.Text
