@@ -40,7 +40,7 @@ func msgID(epoch string, seq session.Seq) string {
 // eventMsg is the message that captures ev.
 func (h *Host) eventMsg(id session.ID, epoch string, ev session.Stored) *nats.Msg {
 	return &nats.Msg{
-		Subject: h.cfg.Subjects.Events(id),
+		Subject: h.cfg.Subjects.Capture(id),
 		Data:    ev.JSON,
 		Header:  nats.Header{jetstream.MsgIDHeader: []string{msgID(epoch, ev.Seq)}},
 	}

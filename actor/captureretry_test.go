@@ -16,7 +16,7 @@ import (
 func TestHost_DuplicateOnRetryIsChecked(t *testing.T) {
 	e := newEnv(t)
 	id := e.create("alice", shell())
-	subj := e.subj.Events(id)
+	subj := e.subj.Capture(id)
 	msg := &nats.Msg{Subject: subj, Data: []byte(`{"seq":99,"kind":"message","by":"bob"}`),
 		Header: nats.Header{jetstream.MsgIDHeader: []string{"test.99"}}}
 	ack, err := e.host.js.PublishMsg(t.Context(), msg)

@@ -440,7 +440,7 @@ func (s *sessionActor) tryFinishDelete() {
 		}
 		s.h.catalog.remove(s.id)
 		s.h.catalog.flush()
-		ctl := &nats.Msg{Subject: s.h.cfg.Subjects.Events(s.id), Header: nats.Header{}}
+		ctl := &nats.Msg{Subject: s.h.cfg.Subjects.Capture(s.id), Header: nats.Header{}}
 		ctl.Header.Set(session.HeaderControl, string(session.ControlDeleted))
 		if err := s.h.cfg.NATS.PublishMsg(ctl); err != nil {
 			errs = append(errs, fmt.Errorf("publish deleted: %w", err))

@@ -671,22 +671,44 @@ func openOwners(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetst
 }
 
 // openEvents creates or updates the stream that captures every session's
-// events and metadata.
+// events and metadata (eventsStreamConfig).
 func openEvents(ctx context.Context, js jetstream.JetStream, cfg *Config) (jetstream.Stream, error) {
-	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        cfg.Subjects.EventsStream(),
-		Description: "Atrium session events and metadata, kept for takeover between checkpoints",
-		Subjects:    []string{cfg.Subjects.AllEvents(), cfg.Subjects.AllMeta()},
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-		MaxAge:      cfg.EventsMaxAge,
-		Discard:     jetstream.DiscardOld,
-		Duplicates:  2 * time.Minute,
-	})
+	st, err := js.CreateOrUpdateStream(ctx, eventsStreamConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("open events stream %s: %w", cfg.Subjects.EventsStream(), err)
 	}
 	return st, nil
+}
+
+// eventsStreamConfig is the events stream's configuration. The owner
+// publishes a session's events on its Capture subject, which only the
+// stream listens to; the stream stores them under the session's Events
+// subject (a subject transform) and republishes each message it stored on
+// that subject (RePublish), which is what gateways subscribe to. So a
+// watcher receives only what the stream stored: a message the stream
+// refuses — a duplicate Nats-Msg-Id, such as the frame of a frozen owner
+// that leaves its socket at the thaw, after the new owner wrote that seq —
+// reaches nobody (issue 21). The stream's leader republishes, after the
+// message is stored (in a cluster, once a quorum has it).
+//
+// Events keep the subject they had before (a stream made by an older
+// version captured the Events subjects directly): replay, the stream's last
+// event and purges see old and new messages alike.
+func eventsStreamConfig(cfg *Config) jetstream.StreamConfig {
+	// The session id is the one wildcard of both source subjects.
+	events := cfg.Subjects.Events("{{wildcard(1)}}")
+	return jetstream.StreamConfig{
+		Name:             cfg.Subjects.EventsStream(),
+		Description:      "Atrium session events and metadata, kept for takeover between checkpoints",
+		Subjects:         []string{cfg.Subjects.AllCapture(), cfg.Subjects.AllMeta()},
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: cfg.Subjects.AllCapture(), Destination: events},
+		RePublish:        &jetstream.RePublish{Source: cfg.Subjects.AllEvents(), Destination: events},
+		Storage:          jetstream.FileStorage,
+		Replicas:         cfg.Replicas,
+		MaxAge:           cfg.EventsMaxAge,
+		Discard:          jetstream.DiscardOld,
+		Duplicates:       2 * time.Minute,
+	}
 }
 
 // storeFullStop is why and when a session stopped because the JetStream

@@ -24,7 +24,8 @@ func (s Subjects) p() string {
 // Cmd is the request/reply subject of the actor that owns id.
 func (s Subjects) Cmd(id ID) string { return s.p() + ".session." + string(id) + ".cmd" }
 
-// Events is where the owner publishes id's events after commit.
+// Events is where id's events reach watchers: the EventsStream republishes
+// on it each event the owner captured (Capture), once stored.
 func (s Subjects) Events(id ID) string { return s.p() + ".session." + string(id) + ".events" }
 
 // Presence is where gateways publish who watches id. Never persisted.
@@ -274,12 +275,24 @@ type PresenceMessage struct {
 // Only nodes may read it: it carries secrets.
 func (s Subjects) Meta(id ID) string { return s.p() + ".session." + string(id) + ".meta" }
 
-// EventsStream is the JetStream stream that captures every session's Events
-// and Meta subjects, e.g. ATRIUM_EVENTS.
+// EventsStream is the JetStream stream that captures every session's
+// Capture and Meta subjects, e.g. ATRIUM_EVENTS; events are stored under
+// their Events subject.
 func (s Subjects) EventsStream() string { return strings.ToUpper(s.p()) + "_EVENTS" }
 
-// AllEvents and AllMeta are the EventsStream's subjects.
+// AllEvents is the wildcard of every session's Events subject: the subject
+// the EventsStream stores events under, and republishes them on.
 func (s Subjects) AllEvents() string { return s.p() + ".session.*.events" }
+
+// Capture is where the owner publishes id's events and control messages for
+// the EventsStream, e.g. "atrium.capture.<id>.events". The stream stores
+// them under Events(id) and republishes each one it stored on Events(id)
+// (JetStream RePublish); nobody else should subscribe to Capture: a message
+// the stream refuses (a duplicate Nats-Msg-Id) reaches its subscribers too.
+func (s Subjects) Capture(id ID) string { return s.p() + ".capture." + string(id) + ".events" }
+
+// AllCapture is the wildcard of every session's Capture subject.
+func (s Subjects) AllCapture() string { return s.p() + ".capture.*.events" }
 
 // AllMeta is the wildcard of every session's Meta subject.
 func (s Subjects) AllMeta() string { return s.p() + ".session.*.meta" }
