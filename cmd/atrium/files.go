@@ -1,8 +1,6 @@
 package main
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atriumhq/atrium/gateway/client"
+	"github.com/atriumhq/atrium/gateway/tarball"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -113,67 +112,11 @@ func copyIn(ctx context.Context, env *cliEnv, c *client.Client, src string, id s
 		return c.WriteFile(ctx, id, p, pr.reader(f), fi.Size(), fi.Mode().Perm())
 	}
 	r, w := io.Pipe()
-	go func() { w.CloseWithError(tarDir(src, w)) }()
+	go func() { w.CloseWithError(tarball.Write(w, src)) }()
 	defer r.Close()
 	pr := newProgress(env.stderr, "upload "+src, -1)
 	defer pr.done()
 	return c.WriteArchive(ctx, id, p, pr.reader(r), -1)
-}
-
-// tarDir writes the contents of dir as a tar.gz, names relative to dir.
-func tarDir(dir string, w io.Writer) error {
-	gz := gzip.NewWriter(w)
-	tw := tar.NewWriter(gz)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
-			return nil // Sockets, devices and pipes are not copied.
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return gz.Close()
 }
 
 // copyOut copies p of session id (a file or a folder) to dst (a local
@@ -223,7 +166,7 @@ func copyOut(ctx context.Context, env *cliEnv, c *client.Client, id session.ID, 
 		_, err = io.Copy(env.stdout, pr.reader(rc))
 		return err
 	}
-	return untarTo(pr.reader(rc), dst)
+	return tarball.Extract(pr.reader(rc), dst, tarball.ExtractOptions{})
 }
 
 func displayRemote(p string) string {
@@ -253,57 +196,6 @@ func writeLocal(dst string, r io.Reader, mode fs.FileMode) error {
 		os.Remove(f.Name())
 	}
 	return err
-}
-
-// untarTo unpacks a tar.gz into dir, refusing names that leave it.
-func untarTo(r io.Reader, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	gz, err := gzip.NewReader(r)
-	if err != nil {
-		return fmt.Errorf("read archive: %w", err)
-	}
-	tr := tar.NewReader(gz)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read archive: %w", err)
-		}
-		name := filepath.FromSlash(strings.TrimSuffix(hdr.Name, "/"))
-		mode := fs.FileMode(hdr.Mode).Perm()
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			err = root.MkdirAll(name, max(mode, 0o700))
-		case tar.TypeSymlink:
-			if err = root.MkdirAll(filepath.Dir(name), 0o755); err == nil {
-				_ = root.Remove(name)
-				err = root.Symlink(hdr.Linkname, name)
-			}
-		case tar.TypeReg:
-			if err = root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				break
-			}
-			var f *os.File
-			if f, err = root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode); err == nil {
-				_, err = io.Copy(f, tr)
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("unpack %s: %w", hdr.Name, err)
-		}
-	}
 }
 
 // progress prints how much of a transfer is done on stderr, once a second,

@@ -22,22 +22,19 @@ package task
 // or a file, and never enters the sandbox.
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/atriumhq/atrium/gateway/dlq"
+	"github.com/atriumhq/atrium/gateway/tarball"
 	"github.com/atriumhq/atrium/session"
 )
 
@@ -230,126 +227,15 @@ func clearTree(dir string) error {
 
 // writeTarGz writes dir's folders, regular files and symbolic links as a
 // tar.gz, names relative to dir.
-func writeTarGz(w io.Writer, dir string) error {
-	gz := gzip.NewWriter(w)
-	tw := tar.NewWriter(gz)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		var link string
-		switch {
-		case info.Mode().IsDir(), info.Mode().IsRegular():
-		case info.Mode()&fs.ModeSymlink != 0:
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		default:
-			return nil // sockets, devices: nothing git keeps
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name, hdr.Format = filepath.ToSlash(rel), tar.FormatPAX
-		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !info.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return gz.Close()
-}
+func writeTarGz(w io.Writer, dir string) error { return tarball.Write(w, dir) }
 
 // extractTarGz unpacks a workspace archive into dir, leaving out anything
 // with a .git component (the workspace's repository, and nested ones whose
-// config or hooks git would otherwise read here). It writes through an
-// os.Root, so no entry (a "..", an absolute name, a symbolic link in the
-// path) can reach outside dir.
+// config or hooks git would otherwise read here), with the modes git keeps.
+// No entry (a "..", an absolute name, a symbolic link in the path) can reach
+// outside dir.
 func extractTarGz(r io.Reader, dir string) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	gz, err := gzip.NewReader(r)
-	if err != nil {
-		return fmt.Errorf("the archive is not gzip: %w", err)
-	}
-	tr := tar.NewReader(gz)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("the archive is damaged: %w", err)
-		}
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
-		if name == "." || hasGitComponent(name) {
-			continue
-		}
-		if path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Errorf("the archive's entry %q leaves the workspace", hdr.Name)
-		}
-		if d := path.Dir(name); d != "." {
-			if err := root.MkdirAll(d, 0o755); err != nil {
-				return fmt.Errorf("make %s: %w", d, err)
-			}
-		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return fmt.Errorf("make %s: %w", name, err)
-			}
-		case tar.TypeSymlink:
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return fmt.Errorf("link %s: %w", name, err)
-			}
-		case tar.TypeReg:
-			mode := fs.FileMode(0o644)
-			if hdr.Mode&0o111 != 0 {
-				mode = 0o755
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-			if err != nil {
-				return fmt.Errorf("write %s: %w", name, err)
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("write %s: %w", name, err)
-			}
-		}
-	}
+	return tarball.Extract(r, dir, tarball.ExtractOptions{Skip: hasGitComponent, PlainModes: true})
 }
 
 // hasGitComponent reports whether a slash-separated path has a component
