@@ -60,6 +60,11 @@ func (o *opener) create(ctx context.Context, p *placeMsg) *handoff {
 		Harness:   p.req.Harness,
 		Egress:    own,
 	}
+	if p.req.Settings != nil { // checked by parsePlace; applied before anything is written
+		if err := o.h.applySettings(&m, p.req.Settings); err != nil {
+			return &handoff{err: err}
+		}
+	}
 	hist, err := o.h.cfg.Histories.Create(ctx, m)
 	if err != nil {
 		return &handoff{err: fmt.Errorf("create session %s: %w", o.id, err)}
@@ -94,6 +99,10 @@ func (o *opener) create(ctx context.Context, p *placeMsg) *handoff {
 		}
 		return fail(fmt.Errorf("create session %s: catalog: %w", o.id, err))
 	}
+	// The file was made here and its events captured: it agrees with the
+	// stream, so its release is remembered and the first wake on this
+	// node takes the fast path (no stream lookup).
+	o.h.markCurrent(o.id)
 	if p.req.Fork != nil {
 		res, err := o.recover(ctx, hist)
 		if err != nil {

@@ -12,3 +12,12 @@ func HasPromptSet(l *Log) bool {
 }
 
 const PromptSetAfter = promptSetAfter
+
+// Synchronous returns the writer connection's PRAGMA synchronous (0 OFF, 1
+// NORMAL, 2 FULL) and whether the next commit may run without syncs.
+func Synchronous(l *Log) (mode int, quietStart bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	err = l.writer.QueryRow(`PRAGMA synchronous`).Scan(&mode)
+	return mode, l.quietStart, err
+}

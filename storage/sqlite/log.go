@@ -79,6 +79,9 @@ type Log struct {
 	prompts *promptSet        // guarded by mu; nil until built (see promptSetAfter)
 	lookups int               // guarded by mu: PromptSeq calls so far
 	closed  bool              // guarded by mu
+	// quietStart: the next commit may run without syncs (quietstart.go);
+	// guarded by mu.
+	quietStart bool
 }
 
 // open opens the existing file path as the history of id and migrates it;
@@ -125,6 +128,7 @@ func (d *Dir) open(ctx context.Context, path string, id session.ID, create bool)
 		return nil, l.classify(err, "read last seq of", 0)
 	}
 	l.lastSeq.Store(last)
+	l.quietStart = syncMode == "NORMAL" && walEmpty(path)
 	return l, nil
 }
 
@@ -248,6 +252,13 @@ func (l *Log) Append(ctx context.Context, evs []session.Stored) (err error) {
 			l.prompts = nil   // Likewise: what it holds is no longer known.
 		}
 	}()
+	quietEnd, err := l.beginQuietStart(ctx, size)
+	if err != nil {
+		return l.classify(err, "append to", size)
+	}
+	if quietEnd != nil {
+		defer func() { err = errors.Join(err, quietEnd()) }() // Before the reload above.
+	}
 	if len(evs) == chunkLen(len(evs)) {
 		// One statement is its own transaction.
 		if _, err := l.insertStmt(len(evs)).ExecContext(ctx, insertArgs(evs)...); err != nil {
