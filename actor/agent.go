@@ -122,6 +122,7 @@ type agentProc struct {
 	stale      bool   // must not serve another prompt: killed at the next turn
 	mcp        string // the MCP servers it opened its session with (mcpKey)
 	name       string // the agent it runs
+	machine    uint64 // the sandbox's machine generation it started on (box.machine)
 
 	mu   sync.Mutex
 	tail []byte // guarded by mu: the last stderrTail bytes of stderr
@@ -166,10 +167,14 @@ type agentSet struct {
 }
 
 // agentHome is a session's agent home on this node and its saved copy: the
-// Volume restored it (or found none saved) and saves it.
+// Volume restored it (or found none saved) and saves it. A home the
+// sandbox keeps (a VM's, agenthome.go) is the directory of the sandbox's
+// mount at path at, valid for the machine it was restored into.
 type agentHome struct {
-	dir string
-	vol *mount.Volume
+	dir     string
+	vol     *mount.Volume
+	at      string // the sandbox path of the home the sandbox keeps; "" when dir is bound
+	machine uint64 // with at: the machine generation (box.machine) it was restored into
 }
 
 // close kills every agent process still running and waits for their
@@ -202,6 +207,7 @@ func (h *Host) startAgent(ctx context.Context, b *box, launch AgentLaunch, token
 	if err != nil {
 		return nil, err
 	}
+	log.Info("agent process started", "agent", launch.Argv[0])
 	p := &agentProc{proc: proc, token: token, exited: make(chan struct{})}
 	p.client = acp.Start(proc.Stdin(), proc.Stdout(), acp.Config{Logger: log.With("agent", "acp")})
 	h.agents.mu.Lock()

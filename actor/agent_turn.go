@@ -33,15 +33,34 @@ func (r *runner) execAgent() *turnExited {
 		}
 		r.fence = f
 	}
-	// A sandbox that is new, asleep or about to be replaced has no live
-	// agent; one that was cancelled or failed is stopped now.
-	fresh := b.sb == nil || b.asleep || h.expired(b)
+	// A sandbox that is new, asleep (unless it kept its processes over
+	// its sleep) or about to be replaced has no live agent; one that was
+	// cancelled or failed is stopped now.
+	fresh := b.sb == nil || b.asleep && !b.kept || h.expired(b)
 	if p := b.agent; p != nil && (fresh || p.stale || p.dead() || p.mcp != mcpKey(a.mcp) || p.name != a.name) {
 		// A changed settings.mcp_servers restarts it too (they are given
 		// at session/new or session/load only), and so does another
 		// agent (settings.agent).
 		p.kill()
 		b.agent = nil
+	}
+	if b.agent != nil && b.asleep {
+		// The sandbox slept keeping its agent process (a VM host's
+		// sleep): waking it reattaches the process's streams, and the
+		// prompt goes to the same process, with no session/load and no
+		// re-hydration. A VM that could not be woken was replaced, and
+		// the process ended with it.
+		if err := h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
+			return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
+		}
+		if p := b.agent; p.machine != b.machine || p.dead() {
+			r.log.Info("the agent process did not survive the sandbox's sleep: starting a new one", "turn", r.turn)
+			p.stale = true
+			p.kill()
+			b.agent = nil
+		} else {
+			r.log.Info("agent process kept over the sandbox's sleep", "turn", r.turn)
+		}
 	}
 	var launch AgentLaunch
 	token := ""
@@ -58,9 +77,10 @@ func (r *runner) execAgent() *turnExited {
 		} else {
 			launch, err = h.cfg.Agents.Launch(a.name, r.id, ep, a.mode)
 		}
-		if err == nil && launch.Home != "" {
+		if err == nil && launch.Home != "" && !h.homeInSandbox() {
 			// The agent's home comes from the object store when this
-			// node does not hold it (a takeover, a fresh data dir).
+			// node does not hold it (a takeover, a fresh data dir). A
+			// home in the sandbox (a VM's) is restored into it below.
 			swapped, rerr := h.restoreAgentHome(r.ctx, b, launch.Home, r.fence)
 			switch {
 			case rerr != nil:
@@ -77,9 +97,28 @@ func (r *runner) execAgent() *turnExited {
 		}
 		b.mounts = launch.Mounts
 	}
-	if err := h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
-		r.revoke(token)
-		return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
+	for attempt := 0; ; attempt++ {
+		if err := h.readyBox(r.ctx, b, r.fence, r.note); err != nil {
+			r.revoke(token)
+			return &turnExited{status: session.TurnFailed, code: -1, reason: err.Error()}
+		}
+		if b.agent == nil && h.homeInSandbox() {
+			// Before the first agent process starts in it (none runs
+			// there: the home is never restored under one).
+			if err := h.restoreSandboxHome(r.ctx, b, launch, r.fence); err != nil {
+				r.note("", "", homeError("restored", err))
+			}
+		}
+		if !h.replaced(b) {
+			break
+		}
+		// The provider replaced a dead machine while the home was
+		// restored: the workspace of the new one was never restored.
+		if attempt > 0 || b.agent != nil {
+			r.revoke(token)
+			return r.lost(errMachineReplaced.Error() + "; the next turn gets the last saved workspace")
+		}
+		r.log.Warn("the sandbox's machine was replaced: restoring the workspace again", "turn", r.turn)
 	}
 	select {
 	case req := <-r.stops:
@@ -103,7 +142,15 @@ func (r *runner) execAgent() *turnExited {
 			return agentFailed(session.CodeBadRequest, "the agent could not be started: "+err.Error())
 		}
 		b.agent = p
-		p.name = a.name
+		p.name, p.machine = a.name, b.machine
+		if h.replaced(b) {
+			// Exec replaced a dead machine: the agent would work on a
+			// workspace that was never restored.
+			p.stale = true
+			p.kill()
+			b.agent = nil
+			return r.lost(errMachineReplaced.Error() + "; the next turn gets the last saved workspace")
+		}
 		var stop *stopRequest
 		stop, rehydrate, err = r.openAgent(p, launch)
 		if stop != nil || err != nil {

@@ -36,6 +36,7 @@ type box struct {
 	fence     int64           // the fence sb was opened with
 	restored  bool            // the workspace holds the saved copy (or none existed): Save may write
 	asleep    bool            // put to sleep by the node; the next turn wakes and restores it
+	kept      bool            // asleep keeping its processes (an agent's, agenthome.go): the wake restores nothing
 	dirty     bool            // a turn ran since the last successful save
 	born      time.Time       // when sb was provisioned, for MaxLifetime
 	machine   uint64          // Config.SandboxGeneration when sb was last made ready
@@ -59,7 +60,7 @@ type box struct {
 // opened again); the next turn opens and restores a sandbox.
 func (b *box) drop() {
 	b.sb, b.ws, b.vol = nil, nil, nil
-	b.fence, b.restored, b.asleep = 0, false, false
+	b.fence, b.restored, b.asleep, b.kept = 0, false, false, false
 }
 
 // sandboxes is the node's registry of boxes, one per session that had a
@@ -242,9 +243,12 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 		b.sb, b.fence, b.born = sb, fence, h.now()
 		b.restored, b.asleep = false, false
 		changed = true
-	case b.fence < fence || !slices.Equal(b.opened, b.egress) || !slices.Equal(b.mounted, b.mounts) || b.limited != b.limits:
+	case b.fence < fence || !slices.Equal(b.opened, b.egress) || !slices.Equal(b.mounted, b.mounts) || b.limited != b.limits || b.kept:
 		// A new activation: the handle must carry its fence. Or the
 		// session's egress allowlist changed: opening again applies it.
+		// Or it slept keeping its processes: opening wakes it now, so
+		// that a machine replaced because it could not be woken shows
+		// below.
 		sb, err := h.openSandbox(ctx, b, fence)
 		if err != nil {
 			b.drop()
@@ -271,7 +275,7 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 			return errors.New(msg)
 		}
 		b.ws = ws
-		if !b.restored || b.asleep {
+		if !b.restored || b.asleep && !b.kept {
 			note(session.SandboxRestoring, "", nil)
 			start := time.Now()
 			rctx, span := h.startSpan(ctx, "workspace.restore", b.id)
@@ -290,7 +294,7 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 	} else if b.asleep {
 		changed = true // The next command wakes it.
 	}
-	b.asleep = false
+	b.asleep, b.kept = false, false
 	b.machine = h.generation(b.id)
 	if changed {
 		note(session.SandboxReady, "", nil)
@@ -370,7 +374,13 @@ var errMachineReplaced = errors.New("the sandbox's machine was replaced while th
 // does not keep it awake: sleeping keeps the workspace in the sandbox, and
 // the next save (after the next turn) retries.
 func (h *Host) sleepBox(ctx context.Context, b *box, why string, note noteFunc) {
-	h.endAgent(ctx, b, note) // agenthome.go: the agent exits, its home is saved
+	h.sleepBoxKeeping(ctx, b, why, false, note)
+}
+
+// sleepBoxKeeping is sleepBox that, with keep, keeps the agent process
+// running when the provider's sleep keeps processes (agenthome.go).
+func (h *Host) sleepBoxKeeping(ctx context.Context, b *box, why string, keep bool, note noteFunc) {
+	keep = h.keepAgent(ctx, b, keep, note) // agenthome.go: else the agent exits; its home is saved either way
 	if b.vol != nil {
 		note(session.SandboxSaving, "", nil)
 		if err := h.saveBox(ctx, b); err != nil {
@@ -384,7 +394,7 @@ func (h *Host) sleepBox(ctx context.Context, b *box, why string, note noteFunc) 
 		note(session.SandboxFailed, msg, nil)
 		return
 	}
-	b.asleep = true
+	b.asleep, b.kept = true, keep
 	h.boxes.setAwake(b, false)
 	note(session.SandboxSleeping, why, nil)
 }
@@ -561,7 +571,7 @@ func (s *sessionActor) startSleep(why string) {
 	op := s.sandbox.startOp(cancel)
 	s.spawn(func() {
 		defer cancel()
-		s.h.sleepBox(ctx, b, why, func(state session.SandboxState, detail string, err *session.ErrorData) {
+		s.h.sleepBoxKeeping(ctx, b, why, !s.act.shutting, func(state session.SandboxState, detail string, err *session.ErrorData) {
 			s.send(&sandboxNote{state: state, detail: detail, err: err})
 		})
 		s.send(&boxOpDone{op: op})

@@ -455,9 +455,10 @@ func (m *machine) zygoteLocked(o sandboxOptions) *zygote {
 	}
 	if z := m.zyg; z != nil {
 		// A restore swaps a new tree in at the workspace's path (see
-		// compute/mount): the zygote's bind still shows the old one.
+		// compute/mount), or at a writable mount's (an agent's home):
+		// the zygote's bind still shows the old one.
 		ws, err := statID(m.workspace)
-		if z.alive() && sameOptions(z.opts, o) && err == nil && ws == z.ws {
+		if z.alive() && sameOptions(z.opts, o) && err == nil && ws == z.ws && slices.Equal(writableIDs(o.mounts), z.rw) {
 			return z
 		}
 		m.mu.Lock()

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/atriumhq/atrium/compute"
 )
 
 // A warm sandbox runs its commands through a zygote: one long-lived
@@ -273,6 +275,7 @@ type zygote struct {
 	ctl  *os.File       // the host's end of the control socket
 	opts sandboxOptions // what the sandbox was built with
 	ws   fileID         // the workspace directory bound at /workspace
+	rw   []fileID       // the writable mounts' directories (an agent's home, which a restore swaps too)
 	dead chan struct{}  // closed when the zygote's bubblewrap has exited
 	once sync.Once
 }
@@ -344,7 +347,7 @@ func (m *machine) startZygoteLocked(o sandboxOptions) (*zygote, error) {
 		return nil, fmt.Errorf("start zygote: %w", err)
 	}
 	child.Close()
-	z := &zygote{cmd: cmd, ctl: ctl, opts: o, ws: ws, dead: make(chan struct{})}
+	z := &zygote{cmd: cmd, ctl: ctl, opts: o, ws: ws, rw: writableIDs(o.mounts), dead: make(chan struct{})}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -365,6 +368,19 @@ func (m *machine) startZygoteLocked(o sandboxOptions) (*zygote, error) {
 		return nil, fmt.Errorf("start zygote: it did not become ready: %s", logw.text())
 	}
 	return z, nil
+}
+
+// writableIDs returns the identities of the writable mounts' directories
+// (nil entries for those that cannot be read).
+func writableIDs(mounts []compute.Mount) []fileID {
+	var ids []fileID
+	for _, mt := range mounts {
+		if !mt.ReadOnly {
+			id, _ := statID(mt.Host)
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // fileID identifies a file on the host.

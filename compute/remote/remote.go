@@ -258,6 +258,20 @@ func (p *Provider) Close(ctx context.Context) error {
 	}
 }
 
+// SleepKeepsProcesses reports whether a sandbox's Sleep keeps its
+// processes: the hook is a Sleeper (VMHosts), so the VM is paused and
+// saved, and each running command's Process carries on after the wake
+// (unless the VM could not be woken and was replaced: the command then
+// ends with Exit.Lost).
+func (p *Provider) SleepKeepsProcesses() bool { return p.sleeper != nil }
+
+// KeepsMounts reports that the node's mounts outside Config.AgentsDir (an
+// agent's home) are directories the VM's agent keeps, seeded with the
+// node directory's files at every open: what the sandbox writes there
+// stays in the VM, and the node saves and restores it through
+// Sandbox.Mount.
+func (p *Provider) KeepsMounts() bool { return true }
+
 // newSandboxID returns a fresh VM name, valid as a DNS label.
 func newSandboxID() string {
 	b := make([]byte, 10)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
@@ -21,7 +22,8 @@ const maxPlanAnswer = 256 << 20
 // runs mount.Dir in the VM and moves the bytes through the presigned URLs
 // of the plans. It carries the fence of its Sandbox handle.
 type Workspace struct {
-	s *Sandbox
+	s     *Sandbox
+	mount string // the sandbox path of a mount the agent keeps (Sandbox.Mount); "" for /workspace
 }
 
 var _ mount.Workspace = (*Workspace)(nil)
@@ -30,6 +32,19 @@ var _ mount.Workspace = (*Workspace)(nil)
 // without a VM gets one at the first call (with an empty workspace: restore
 // it before running commands).
 func (s *Sandbox) Workspace() *Workspace { return &Workspace{s: s} }
+
+// Mount returns the directory the VM's agent keeps for the sandbox's mount
+// at sandboxPath, one of the node's mounts outside Config.AgentsDir (an
+// agent's home), as a mount.Workspace: the node saves it to the object
+// store and restores it into a fresh VM exactly as /workspace. The agent
+// refuses it (session.ErrNotFound) when the sandbox was not opened with
+// such a mount, and its Restore while commands run.
+func (s *Sandbox) Mount(sandboxPath string) *Workspace { return &Workspace{s: s, mount: sandboxPath} }
+
+// MountWorkspace is Mount as a mount.Workspace, for the node's session
+// actor, which declares the interface it needs and cannot name this
+// package.
+func (s *Sandbox) MountWorkspace(sandboxPath string) mount.Workspace { return s.Mount(sandboxPath) }
 
 // Scan implements mount.Workspace.
 func (w *Workspace) Scan(ctx context.Context, req *mount.ScanRequest) (*mount.ScanResult, error) {
@@ -71,7 +86,11 @@ func (w *Workspace) call(ctx context.Context, op string, in, out any) error {
 	if err != nil {
 		return fmt.Errorf("encode workspace %s: %w", op, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/workspace/"+op, bytes.NewReader(b))
+	u := a.base + "/v1/workspace/" + op
+	if w.mount != "" {
+		u += "?mount=" + url.QueryEscape(w.mount)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(b))
 	if err != nil {
 		return fmt.Errorf("workspace %s: %w", op, err)
 	}

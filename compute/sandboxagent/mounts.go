@@ -35,8 +35,7 @@ func (s *Server) makeMounts(id session.ID, ms []compute.AgentMount) ([]compute.M
 			out = append(out, compute.Mount{Host: m.VM, Sandbox: m.Sandbox, ReadOnly: m.ReadOnly})
 			continue
 		}
-		sum := sha256.Sum256([]byte(m.Sandbox))
-		dir := filepath.Join(s.cfg.Dir, string(id)+".mounts", hex.EncodeToString(sum[:8]))
+		dir := s.mountDir(id, m.Sandbox)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("mount %s: %w", m.Sandbox, err)
 		}
@@ -59,4 +58,31 @@ func (s *Server) makeMounts(id session.ID, ms []compute.AgentMount) ([]compute.M
 		out = append(out, compute.Mount{Host: dir, Sandbox: m.Sandbox, ReadOnly: m.ReadOnly})
 	}
 	return out, nil
+}
+
+// mountDir is the agent's own directory for session id's mount at the
+// sandbox path sandboxPath.
+func (s *Server) mountDir(id session.ID, sandboxPath string) string {
+	sum := sha256.Sum256([]byte(sandboxPath))
+	return filepath.Join(s.cfg.Dir, string(id)+".mounts", hex.EncodeToString(sum[:8]))
+}
+
+// keptMount returns the agent's own directory of the open sandbox's mount
+// at sandboxPath (an agent's home), which the node saves and restores like
+// the workspace (POST /v1/workspace/{scan,upload,restore}?mount=PATH). A path the sandbox was
+// not opened with as such a mount is refused.
+func (s *Server) keptMount(sandboxPath string) (string, error) {
+	_, id, err := s.current()
+	if err != nil {
+		return "", err
+	}
+	if !path.IsAbs(sandboxPath) || path.Clean(sandboxPath) != sandboxPath || sandboxPath == "/" {
+		return "", session.Errorf(session.CodeBadRequest, "mount %q is not a clean absolute sandbox path", sandboxPath)
+	}
+	dir := s.mountDir(id, sandboxPath)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", session.Errorf(session.CodeNotFound,
+			"the sandbox has no mount at %s that this agent keeps: open the sandbox with it first", sandboxPath)
+	}
+	return dir, nil
 }

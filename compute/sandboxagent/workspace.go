@@ -17,7 +17,9 @@ import (
 const maxPlanBody = 256 << 20
 
 // routeWorkspace adds the workspace transfer endpoints: the VM side of
-// compute/mount, whose plans carry presigned URLs.
+// compute/mount, whose plans carry presigned URLs. With the query
+// parameter mount=PATH they work on the directory the agent keeps for the
+// sandbox's mount at PATH (an agent's home) instead of /workspace.
 func (s *Server) routeWorkspace(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/workspace/scan", s.authed(workspaceHandler(s, false,
 		func(ctx context.Context, d *mount.Dir, req *mount.ScanRequest) (any, error) { return d.Scan(ctx, req) })))
@@ -51,7 +53,13 @@ func workspaceHandler[T any](s *Server, exclusive bool, fn func(context.Context,
 			writeError(w, session.Errorf(session.CodeBadRequest, "request body is not valid JSON: %v", err))
 			return
 		}
-		dir, err := s.workspace()
+		var dir string
+		var err error
+		if m := r.URL.Query().Get("mount"); m != "" {
+			dir, err = s.keptMount(m)
+		} else {
+			dir, err = s.workspace()
+		}
 		if err != nil {
 			writeError(w, err)
 			return
