@@ -74,9 +74,11 @@ type feed struct {
 	last     session.Seq // seq of the last event written (or the resume point)
 }
 
-func (f *feed) page(ctx context.Context, after session.Seq) (*session.Reply, error) {
+// page reads up to limit events after after from the owner (0: the feed's
+// page size).
+func (f *feed) page(ctx context.Context, after session.Seq, limit int) (*session.Reply, error) {
 	cmd := session.Command{
-		Op: session.OpHistory, After: after, Limit: cmp.Or(f.limit, historyPageLimit), MaxBytes: session.DefaultHistoryMaxBytes,
+		Op: session.OpHistory, After: after, Limit: cmp.Or(limit, f.limit, historyPageLimit), MaxBytes: session.DefaultHistoryMaxBytes,
 	}
 	reply, err := f.s.call(ctx, f.p, f.id, cmd, f.answered || f.access.allowed())
 	// A node sheds history reads when many watchers resume at once; they
@@ -105,9 +107,18 @@ func (f *feed) page(ctx context.Context, after session.Seq) (*session.Reply, err
 // may publish an event a moment before its history reads count it. So an
 // "after beyond the last seq" answer is retried for a moment before it is
 // taken for the client's mistake.
+//
+// When the gateway's history cache holds the events after the resume
+// point, the owner is asked for one event only: its answer still
+// authorises the watcher and says where the log ends and its epoch, and
+// replay takes the rest from the cache.
 func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, error) {
+	limit := 0
+	if f.s.hub.hist.holds(f.id, after) {
+		limit = 1
+	}
 	for try := 0; ; try++ {
-		reply, err := f.page(ctx, after)
+		reply, err := f.page(ctx, after, limit)
 		beyond := err == nil && after > reply.LastSeq
 		if beyond {
 			err = session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
@@ -145,17 +156,24 @@ func pause(ctx context.Context, try int) error {
 	}
 }
 
-// replay writes the first page and the rest of history. Then the watcher is
-// live: it is sent delta frames from now on (those that arrived meanwhile
-// were dropped).
+// replay writes the first page and the rest of history: what the gateway's
+// history cache holds after the first page, then pages from the owner up to
+// the end of the log. Then the watcher is live: it is sent delta frames from
+// now on (those that arrived meanwhile were dropped).
 func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error {
 	if err := f.emitPage(first, out); err != nil {
 		return err
 	}
+	more := first.More
+	if cached, err := f.emitCached(first.Epoch, out); err != nil {
+		return err
+	} else if cached {
+		more = f.last < first.LastSeq
+	}
 	if err := out.flush(); err != nil {
 		return err
 	}
-	if first.More {
+	if more {
 		if err := f.catchUp(ctx, -1, out); err != nil {
 			return err
 		}
@@ -265,7 +283,7 @@ func (f *feed) live(ctx context.Context, ev *event, out sink) error {
 // upTo is negative, until the owner has nothing more.
 func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
 	for try := 0; upTo < 0 || f.last < upTo; {
-		reply, err := f.page(ctx, f.last)
+		reply, err := f.page(ctx, f.last, 0)
 		if err != nil {
 			return err
 		}
@@ -294,10 +312,13 @@ func (f *feed) catchUp(ctx context.Context, upTo session.Seq, out sink) error {
 	return nil
 }
 
+// emitPage writes the events of a page of history from the owner that come
+// after f.last, and caches them.
 func (f *feed) emitPage(reply *session.Reply, out sink) error {
-	for _, raw := range reply.Events {
-		ev, err := parseEvent(raw, false)
-		if err != nil {
+	var ev event // one for the page: sinks do not keep it
+	from := len(reply.Events)
+	for i, raw := range reply.Events {
+		if err := parseEventInto(&ev, raw, false); err != nil {
 			return session.Errorf(session.CodeInternal, "history of session %s: %v", f.id, err)
 		}
 		if ev.seq <= f.last {
@@ -306,11 +327,35 @@ func (f *feed) emitPage(reply *session.Reply, out sink) error {
 		if ev.seq != f.last+1 {
 			return session.Errorf(session.CodeInternal, "history of session %s skips from %d to %d", f.id, f.last, ev.seq)
 		}
-		if err := f.emit(ev, out); err != nil {
+		from = min(from, i)
+		if err := f.emit(&ev, out); err != nil {
 			return err
 		}
 	}
+	if evs := reply.Events[from:]; len(evs) > 0 {
+		f.s.hub.hist.addPage(f.id, reply.Epoch, f.last-session.Seq(len(evs))+1, evs)
+	}
 	return nil
+}
+
+// emitCached writes the events after f.last that the gateway's history
+// cache holds in epoch, and reports whether it had any. The cache keeps
+// runs of consecutive events; should one not follow on (a bug), it is
+// dropped and the rest is read from the owner.
+func (f *feed) emitCached(epoch string, out sink) (bool, error) {
+	evs := f.s.hub.hist.since(f.id, epoch, f.last)
+	var ev event
+	for i, raw := range evs {
+		if err := parseEventInto(&ev, raw, false); err != nil || ev.seq != f.last+1 {
+			f.s.log.Error("history cache out of order: dropped", "session", string(f.id), "after", f.last, "err", err)
+			f.s.hub.hist.drop(f.id)
+			return i > 0, nil
+		}
+		if err := f.emit(&ev, out); err != nil {
+			return true, err
+		}
+	}
+	return len(evs) > 0, nil
 }
 
 // emit writes ev, the next event, and makes a watcher's role follow member

@@ -109,6 +109,10 @@ type Config struct {
 	// SendQueue is how many frames may wait for one connection's writer;
 	// default DefaultSendQueue.
 	SendQueue int
+	// HistoryCacheBytes bounds the latest events of watched sessions kept
+	// to serve resumes without reading them from the node again
+	// (histcache.go); default DefaultHistoryCacheBytes, negative: no cache.
+	HistoryCacheBytes int
 	// RequestTimeout bounds one request to a node; default
 	// DefaultRequestTimeout.
 	RequestTimeout time.Duration
@@ -393,7 +397,7 @@ func New(cfg Config) (*Server, error) {
 	}
 
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.hub = newHub(s)
+	s.hub = newHub(s, cmp.Or(cfg.HistoryCacheBytes, DefaultHistoryCacheBytes))
 	s.replies = &replyMux{nc: s.nc}
 	s.batches = newBatchPool()
 	s.bg.Go(s.hub.run)

@@ -68,6 +68,8 @@ func (w *watcher) setRole(r session.Role) { w.role.Store(r) }
 type hub struct {
 	s    *Server
 	msgs chan *nats.Msg
+	// hist caches the latest events of watched sessions for resumes.
+	hist *histCache
 
 	// kick (capacity 1) tells the maintenance loop that topics are dirty.
 	kick chan struct{}
@@ -102,10 +104,11 @@ type remotePresence struct {
 	seen     time.Time
 }
 
-func newHub(s *Server) *hub {
+func newHub(s *Server, histBytes int) *hub {
 	return &hub{
 		s:      s,
 		msgs:   make(chan *nats.Msg, hubBuffer),
+		hist:   newHistCache(histBytes),
 		kick:   make(chan struct{}, 1),
 		topics: make(map[session.ID]*topic),
 		subs:   make(map[*nats.Subscription]*topic),
@@ -298,6 +301,7 @@ func (h *hub) dispatch(m *nats.Msg) {
 		return
 	}
 	if session.ControlKind(m.Header.Get(session.HeaderControl)) == session.ControlDeleted {
+		h.hist.drop(t.id)
 		t.closeAll(ending{code: 1000, reason: reasonDeleted, drain: true})
 		return
 	}
@@ -308,6 +312,7 @@ func (h *hub) dispatch(m *nats.Msg) {
 	}
 	ev.recv = time.Now()
 	t.lastSeq = max(t.lastSeq, ev.seq)
+	h.hist.addLive(t.id, ev.seq, ev.raw)
 	t.broadcast(h.s, out{ev: ev})
 }
 
@@ -341,6 +346,7 @@ func (h *hub) topicsSnapshot() []*topic {
 // refreshPresence republishes this gateway's watchers of every topic and
 // forgets other gateways' lists that were not refreshed in time.
 func (h *hub) refreshPresence(now time.Time) {
+	h.hist.expire(now) // idle history runs go on the same period.
 	for _, t := range h.topicsSnapshot() {
 		t.mu.Lock()
 		msg := t.localPresenceLocked(h.s.id)

@@ -27,6 +27,15 @@ type event struct {
 // withFrame also builds its WebSocket frame. The event is not validated:
 // the node encodes it, and the gateway passes its bytes on.
 func parseEvent(raw json.RawMessage, withFrame bool) (*event, error) {
+	ev := new(event)
+	if err := parseEventInto(ev, raw, withFrame); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// parseEventInto is parseEvent into ev, which it overwrites.
+func parseEventInto(ev *event, raw json.RawMessage, withFrame bool) error {
 	seq, kind, ok := scanEventHead(raw)
 	if !ok {
 		var head struct {
@@ -34,27 +43,27 @@ func parseEvent(raw json.RawMessage, withFrame bool) (*event, error) {
 			Kind session.Kind `json:"kind"`
 		}
 		if err := json.Unmarshal(raw, &head); err != nil {
-			return nil, fmt.Errorf("decode event: %w", err)
+			return fmt.Errorf("decode event: %w", err)
 		}
 		seq, kind = head.Seq, head.Kind
 	}
 	if seq <= 0 {
-		return nil, fmt.Errorf("decode event: seq %d is not positive", seq)
+		return fmt.Errorf("decode event: seq %d is not positive", seq)
 	}
-	ev := &event{seq: seq, kind: kind, raw: raw}
+	*ev = event{seq: seq, kind: kind, raw: raw}
 	if kind == session.KindMemberChanged {
 		var d struct {
 			Data session.MemberChangedData `json:"data"`
 		}
 		if err := json.Unmarshal(raw, &d); err != nil {
-			return nil, fmt.Errorf("decode member_changed event %d: %w", seq, err)
+			return fmt.Errorf("decode member_changed event %d: %w", seq, err)
 		}
 		ev.member = &d.Data
 	}
 	if withFrame {
 		ev.buildFrame()
 	}
-	return ev, nil
+	return nil
 }
 
 // scanEventHead reads seq and kind from the head of an event encoded as the
