@@ -317,7 +317,7 @@ func (s *sessionActor) onCommitted(m *committed) {
 		// the lease is going). Stop; the next activation reconciles the
 		// file with the stream. Callers are told to retry.
 		if !caused {
-			m.err = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, m.err)
+			m.err = unavailableFor(m.err, "session %s stopped on this node: %v; retry", s.id, m.err)
 		}
 		s.send(&leaseLost{why: "its events could not be captured"})
 	}

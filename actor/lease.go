@@ -128,6 +128,10 @@ type nodeLease struct {
 	val     []byte
 	rev     uint64
 	renewed time.Time
+	// full is why the last write of the lease failed when the NATS
+	// server said its store is full, nil otherwise; guarded by mu
+	// (storefull.go).
+	full error
 }
 
 // holds returns nil if the node's lease names incarnation inc ("": any)
@@ -179,6 +183,7 @@ func (n *nodeLease) acquire(ctx context.Context) error {
 			}
 		}
 	}
+	n.noteWrite(err)
 	if err != nil {
 		return fmt.Errorf("acquire node lease %s: %w", n.key, err)
 	}
@@ -234,6 +239,7 @@ func (n *nodeLease) run(stop <-chan struct{}) {
 			}
 		}
 		cancel()
+		n.noteWrite(err)
 		switch {
 		case err == nil:
 			n.mu.Lock()
@@ -348,11 +354,11 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 		// The record's write would wait on the same full disk (seen: 10 s
 		// and more, past the gateway's timeout): refuse at once, saying
 		// why; this also says why the node lease cannot be renewed.
-		return nil, session.Errorf(session.CodeUnavailable, "this node cannot take session %s now: %v; retry", id, err)
+		return nil, unavailableFor(err, "this node cannot take session %s now: %v; retry", id, err)
 	}
 	inc, _, ok := h.node.current()
 	if !ok {
-		return nil, errNoNodeLease
+		return nil, h.node.noLease()
 	}
 	// A node cut off from NATS must not wait long for it.
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL*2/3)
@@ -387,6 +393,10 @@ func (h *Host) acquireLease(ctx context.Context, id session.ID, lost func()) (*l
 		var serr *session.Error
 		if errors.As(err, &serr) {
 			return nil, err
+		}
+		if full := ajs.StoreFull(err); errors.Is(full, ajs.ErrStoreFull) {
+			// The NATS server refuses writes for lack of room: say so.
+			return nil, unavailableFor(full, "this node cannot take session %s now: %v; retry", id, full)
 		}
 		return nil, fmt.Errorf("acquire lease of session %s: %w", id, err)
 	}
@@ -734,7 +744,7 @@ func (s *sessionActor) onLeaseLost(ctx proto.Context, why string) {
 	if err := s.h.storeFull(); err != nil {
 		// Stopped because its events cannot be stored: say why, now to
 		// the callers and in the session once it is served again.
-		s.act.openErr = session.Errorf(session.CodeUnavailable, "session %s stopped on this node: %v; retry", s.id, err)
+		s.act.openErr = unavailableFor(err, "session %s stopped on this node: %v; retry", s.id, err)
 		s.h.storeFullStops.LoadOrStore(s.id, storeFullStop{at: time.Now(), why: err.Error()})
 	}
 	s.teardownNow("ownership lost")

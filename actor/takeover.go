@@ -73,7 +73,7 @@ func (o *opener) syncWithStream(ctx context.Context, continued bool) (History, e
 	if err := h.storeFull(); err != nil {
 		// The stream may not even answer reads while its disk is full (a
 		// write stuck holding it): refuse at once, saying why.
-		return nil, session.Errorf(session.CodeUnavailable, "session %s cannot be compared with the events stream: %v; retry", o.id, err)
+		return nil, unavailableFor(err, "session %s cannot be compared with the events stream: %v; retry", o.id, err)
 	}
 	last, err := h.streamLast(ctx, h.cfg.Subjects.Events(o.id))
 	if err != nil {
@@ -257,7 +257,7 @@ func (o *opener) republish(ctx context.Context, hist History, from, to session.S
 				// writes): this file diverged.
 				return fmt.Errorf("re-publish events: %w", errDiverged)
 			}
-			return session.Errorf(session.CodeUnavailable, "re-publish events: %v", err)
+			return unavailableFor(err, "re-publish events: %v", err)
 		}
 	}
 	return nil

@@ -264,9 +264,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // writeError answers with the contract's error body and the code's status.
 // An error of code too_many_requests sets Retry-After: from its
-// RetryAfter() method if it has one, else one second.
+// RetryAfter() method if it has one, else one second. An unavailable error
+// that says how long its condition lasts (RetryAfterS) sets it to that.
 func writeError(w http.ResponseWriter, err error) {
 	e := session.AsError(err)
+	if e.Code == session.CodeUnavailable && e.RetryAfterS > 0 && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", strconv.FormatInt(e.RetryAfterS, 10))
+	}
 	if e.Code == session.CodeTooManyRequests && w.Header().Get("Retry-After") == "" {
 		secs := int64(1)
 		var ra interface{ RetryAfter() time.Duration }

@@ -27,7 +27,10 @@ type metrics struct {
 	fanoutLag    prometheus.Histogram     // live event: arrival from NATS → written to a WebSocket
 	affinity     *prometheus.CounterVec   // activations by placement affinity result (hit, miss, unknown)
 	failovers    *prometheus.CounterVec   // commands whose node's lease ended in flight, by result (retried, unavailable)
-	nodeWatch    prometheus.Gauge         // 1 while the node lease watcher runs (nodes.go)
+	// placeRefusals counts activations a node refused unavailable, by
+	// result (retried, lasting: answered at once; owner.go).
+	placeRefusals *prometheus.CounterVec
+	nodeWatch     prometheus.Gauge // 1 while the node lease watcher runs (nodes.go)
 
 	// requestCounters caches requests' counters, which are looked up for
 	// every request: routeCode → prometheus.Counter.
@@ -102,6 +105,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 			Name: "atrium_gateway_node_failovers_total",
 			Help: "Commands in flight to a node whose lease ended (it died or stopped) before it answered, by result: retried (safe to repeat: sent again at once), unavailable (perhaps applied: the client was told to check the history).",
 		}, []string{"result"}),
+		placeRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "atrium_gateway_place_refusals_total",
+			Help: "Session activations a node refused as unavailable, by result: retried (a transient condition: another node holds the lease, the node is stopping), lasting (a condition the node knows lasts, such as a full JetStream store: the client was answered at once with Retry-After).",
+		}, []string{"result"}),
 		nodeWatch: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "atrium_gateway_node_lease_watch_up",
 			Help: "1 while the gateway watches the nodes' leases; at 0, commands in flight to a node that dies wait for the request timeout.",
@@ -124,9 +131,12 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{failoverRetried, failoverUnavailable} {
 		m.failovers.WithLabelValues(r)
 	}
+	for _, r := range []string{placeRefusalRetried, placeRefusalLasting} {
+		m.placeRefusals.WithLabelValues(r)
+	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.conns, m.sessions, m.fanout, m.slow, m.gapRefetches, m.requests,
-		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, m.affinity, m.failovers, m.nodeWatch, catalogCollector{c: &s.cache}} {
+		m.natsLatency, m.authFailures, m.limited, m.fanoutLag, m.affinity, m.failovers, m.placeRefusals, m.nodeWatch, catalogCollector{c: &s.cache}} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -153,6 +163,12 @@ const (
 const (
 	failoverRetried     = "retried"
 	failoverUnavailable = "unavailable"
+)
+
+// Results of atrium_gateway_place_refusals_total.
+const (
+	placeRefusalRetried = "retried"
+	placeRefusalLasting = "lasting"
 )
 
 // authFailed counts a failed authentication.

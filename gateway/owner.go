@@ -111,10 +111,19 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, session.Errorf(session.CodeUnavailable, "no node is available to activate session %s: try again shortly", id)
 		}
+		if lasting(err) {
+			// The node refused for a condition it knows will not pass in
+			// the next seconds (its JetStream store is full): the client
+			// hears why at once, with Retry-After, instead of after the
+			// place retries.
+			s.metrics.placeRefusals.WithLabelValues(placeRefusalLasting).Inc()
+			return nil, natsError(err)
+		}
 		if errors.Is(err, session.ErrUnavailable) && time.Now().Before(placeDeadline) {
 			// Another node holds the session's lease (it is handing the
 			// session over, or died and its lease has yet to expire), or
 			// the node that answered is shutting down: wait and retry.
+			s.metrics.placeRefusals.WithLabelValues(placeRefusalRetried).Inc()
 			attempt--
 			places++
 			if werr := s.waitPlaceRetry(ctx, id, placeRetry.Delay(places)); werr != nil {
@@ -126,6 +135,14 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			return nil, natsError(err)
 		}
 	}
+}
+
+// lasting reports whether err is a node's refusal for a condition it knows
+// lasts (session.Error.RetryAfterS): retrying it within the place window
+// would only delay the answer.
+func lasting(err error) bool {
+	var e *session.Error
+	return errors.As(err, &e) && e.Code == session.CodeUnavailable && e.RetryAfterS > 0
 }
 
 // waitPlaceRetry waits d before a place request is retried, or less: until

@@ -28,6 +28,12 @@ const (
 type Error struct {
 	Code    Code   `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterS, on an unavailable error, says the condition is known
+	// to last at least this many seconds (a full disk, say): retrying
+	// sooner is pointless. A gateway answers such a refusal from a node at
+	// once instead of retrying it, with the HTTP header Retry-After. Zero:
+	// no such knowledge (a transient condition, or none said).
+	RetryAfterS int64 `json:"retry_after_s,omitempty"`
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }

@@ -72,7 +72,8 @@ func NewEvents(nc *nats.Conn, js njs.JetStream, stream njs.Stream, name string, 
 // fails the capture with ErrSeqTaken (on a retry, the duplicate counts only
 // if the stream holds the same bytes: it is the earlier attempt's).
 // Messages on subjects ending in ".meta" carry random Msg-Ids and are never
-// checked so. A failure for lack of space wraps ErrStoreFull.
+// checked so. An ack that says the server's store is full (see StoreFull)
+// fails the capture at once, wrapping ErrStoreFull, without retrying.
 func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() error) (uint64, error) {
 	retryMin, retryMax, giveUp := e.RetryMin, e.RetryMax, e.GiveUp
 	if retryMin <= 0 {
@@ -145,7 +146,10 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 			return top, nil
 		}
 		lastErr = classify(lastErr)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(lastErr, ErrStoreFull) {
+			// A server that answered "insufficient resources" stays full
+			// until space is freed: retrying for GiveUp only held the
+			// session's committer and its callers (issue 21).
 			return top, fmt.Errorf("capture events: %w", lastErr)
 		}
 		if firstFailure.IsZero() {
@@ -166,8 +170,22 @@ func (e *Events) Capture(ctx context.Context, msgs []*nats.Msg, guard func() err
 	}
 }
 
-// jsErrInsufficientResources is nats-server's JSInsufficientResourcesErr.
-const jsErrInsufficientResources njs.ErrorCode = 10023
+// The error codes of nats-server's acks that refuse a message for lack of
+// room: JSInsufficientResourcesErr (the server's max_file_store or
+// max_memory_store is reached), JSStorageResourcesExceededErr and
+// JSMemoryResourcesExceededErr (a reservation does not fit), and
+// JSAccountResourcesExceededErr (the account's JetStream limits).
+const (
+	jsErrInsufficientResources    njs.ErrorCode = 10023
+	jsErrStorageResourcesExceeded njs.ErrorCode = 10047
+	jsErrMemoryResourcesExceeded  njs.ErrorCode = 10028
+	jsErrAccountResourcesExceeded njs.ErrorCode = 10002
+)
+
+// StoreFull returns err wrapped with ErrStoreFull if it says the NATS
+// server's JetStream store is full (an ack or API error of the codes above,
+// or a message saying so), else err.
+func StoreFull(err error) error { return classify(err) }
 
 // classify wraps an error that says JetStream is out of space with
 // ErrStoreFull.
@@ -176,11 +194,14 @@ func classify(err error) error {
 		return err
 	}
 	var apiErr *njs.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrInsufficientResources {
-		return fmt.Errorf("%w: %w", ErrStoreFull, err)
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrInsufficientResources, jsErrStorageResourcesExceeded, jsErrMemoryResourcesExceeded, jsErrAccountResourcesExceeded:
+			return fmt.Errorf("%w: the NATS server's JetStream store is full (it answered %q, err_code %d)", ErrStoreFull, apiErr.Description, apiErr.ErrorCode)
+		}
 	}
 	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"insufficient resources", "no space left", "out of space", "out of resources", "storage resources exceeded"} {
+	for _, s := range []string{"insufficient resources", "insufficient storage resources", "insufficient memory resources", "resource limits exceeded", "no space left", "out of space", "out of resources", "storage resources exceeded"} {
 		if strings.Contains(msg, s) {
 			return fmt.Errorf("%w: %w", ErrStoreFull, err)
 		}
