@@ -294,6 +294,7 @@ func (h *Host) readyBox(ctx context.Context, b *box, fence int64, note noteFunc)
 	} else if b.asleep {
 		changed = true // The next command wakes it.
 	}
+	changed = changed || b.kept // Woken, nothing restored.
 	b.asleep, b.kept = false, false
 	b.machine = h.generation(b.id)
 	if changed {
