@@ -24,10 +24,14 @@ type catalogWriter struct {
 
 	mu      sync.Mutex
 	pending map[session.ID]*session.CatalogEntry // nil entry = delete; guarded by mu
-	waiters map[session.ID][]func()              // run once id's next write was tried; guarded by mu
-	busy    int                                  // writes taken but not finished; guarded by mu
-	stopped bool                                 // guarded by mu
-	idle    *sync.Cond                           // signalled when pending is empty and busy is 0
+	// guards holds, for a pending entry written as the session's owner,
+	// the check that this node still owns it (lease.check), asked right
+	// before the write; guarded by mu.
+	guards  map[session.ID]func() error
+	waiters map[session.ID][]func() // run once id's next write was tried; guarded by mu
+	busy    int                     // writes taken but not finished; guarded by mu
+	stopped bool                    // guarded by mu
+	idle    *sync.Cond              // signalled when pending is empty and busy is 0
 
 	wake chan struct{} // cap 1
 	done chan struct{} // closed by stop
@@ -38,6 +42,7 @@ func newCatalogWriter(kv jetstream.KeyValue, log *slog.Logger) *catalogWriter {
 		kv:      kv,
 		log:     log,
 		pending: map[session.ID]*session.CatalogEntry{},
+		guards:  map[session.ID]func() error{},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
@@ -55,23 +60,45 @@ func (c *catalogWriter) put(e session.CatalogEntry) {
 // goroutine) once a write of e or of a newer entry of its session was tried.
 // A reply that must not overtake the catalog (a role change: gateways
 // authorize from the catalog) is sent from done.
-func (c *catalogWriter) putThen(e session.CatalogEntry, done func()) {
+func (c *catalogWriter) putThen(e session.CatalogEntry, done func()) { c.putThenOwned(e, nil, done) }
+
+// putThenOwned is putThen (done may be nil) for an owner's entry (active,
+// naming this node): it is written only if owned still returns nil then,
+// so not once this node may have lost the session. A node paused (SIGSTOP,
+// a long GC pause) with an entry pending wrote it at the thaw, over the
+// entry of the node that took the session over meanwhile; the catalog then
+// named the paused node, and when the new owner was paused in turn nobody
+// rescued its session (rescue activates what the catalog says was active on
+// the node that is gone; issue 21). done runs whether or not it was written.
+func (c *catalogWriter) putThenOwned(e session.CatalogEntry, owned func() error, done func()) {
 	c.mu.Lock()
-	if c.stopped {
+	if c.stopped && done != nil {
 		c.mu.Unlock()
 		done()
 		return
 	}
-	if c.waiters == nil {
-		c.waiters = map[session.ID][]func(){}
+	if done != nil {
+		if c.waiters == nil {
+			c.waiters = map[session.ID][]func(){}
+		}
+		// Under the same lock as the entry, so that done waits for this
+		// write and not for one of an older entry taken meanwhile.
+		c.waiters[e.ID] = append(c.waiters[e.ID], done)
 	}
-	// Under the same lock as the entry, so that done waits for this write
-	// and not for one of an older entry taken meanwhile.
-	c.waiters[e.ID] = append(c.waiters[e.ID], done)
 	e.Members = cloneMembers(e.Members)
 	c.pending[e.ID] = &e
+	c.setGuardLocked(e.ID, owned)
 	c.mu.Unlock()
 	c.kick()
+}
+
+// setGuardLocked records the check of id's pending entry (nil: none).
+func (c *catalogWriter) setGuardLocked(id session.ID, owned func() error) {
+	if owned == nil {
+		delete(c.guards, id)
+	} else {
+		c.guards[id] = owned
+	}
 }
 
 // remove schedules deleting id's entry.
@@ -80,6 +107,7 @@ func (c *catalogWriter) remove(id session.ID) { c.schedule(id, nil) }
 func (c *catalogWriter) schedule(id session.ID, e *session.CatalogEntry) {
 	c.mu.Lock()
 	c.pending[id] = e
+	c.setGuardLocked(id, nil)
 	c.mu.Unlock()
 	c.kick()
 }
@@ -137,7 +165,8 @@ func (c *catalogWriter) writeAll() {
 			c.mu.Unlock()
 			return
 		}
-		c.pending = map[session.ID]*session.CatalogEntry{}
+		guards := c.guards
+		c.pending, c.guards = map[session.ID]*session.CatalogEntry{}, map[session.ID]func() error{}
 		c.busy = len(batch)
 		waiters := map[session.ID][]func(){}
 		for id := range batch {
@@ -148,6 +177,15 @@ func (c *catalogWriter) writeAll() {
 		}
 		c.mu.Unlock()
 		for id, e := range batch {
+			if owned := guards[id]; owned != nil {
+				if err := owned(); err != nil {
+					c.log.Debug("catalog entry not written: this node may no longer own the session", "session", id, "err", err)
+					for _, f := range waiters[id] {
+						f()
+					}
+					continue
+				}
+			}
 			c.write(id, e)
 			for _, f := range waiters[id] {
 				f()
@@ -193,11 +231,11 @@ func (s *sessionActor) putCatalog() { s.putCatalogThen(nil) }
 func (s *sessionActor) putCatalogThen(done func()) {
 	s.catalogAt = time.Now()
 	s.catalogSeq, s.catalogSandbox = s.events.durable, s.sandbox.sandboxState
-	if done == nil {
-		s.h.catalog.put(s.catalogEntry(session.StateActive))
-		return
+	var owned func() error
+	if l := s.lease; l != nil {
+		owned = l.check
 	}
-	s.h.catalog.putThen(s.catalogEntry(session.StateActive), done)
+	s.h.catalog.putThenOwned(s.catalogEntry(session.StateActive), owned, done)
 }
 
 // catalogChanged keeps the catalog entry of an active session fresh while

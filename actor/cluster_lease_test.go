@@ -356,3 +356,65 @@ func TestLease_ReleaseRemembered(t *testing.T) {
 		})
 	}
 }
+
+// lossyOwners is a fakeOwners whose next Create is applied but answered
+// with a timeout, as a JetStream reply lost under load.
+type lossyOwners struct {
+	*fakeOwners
+	mu   sync.Mutex
+	lose int // guarded by mu: how many Creates to answer so
+}
+
+func (l *lossyOwners) Create(ctx context.Context, key string, val []byte, ttl time.Duration) (uint64, error) {
+	rev, err := l.fakeOwners.Create(ctx, key, val, ttl)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err == nil && l.lose > 0 {
+		l.lose--
+		return 0, context.DeadlineExceeded
+	}
+	return rev, err
+}
+
+// TestRescue_ClaimSurvivesALostReply: the claim of a node lease's end
+// whose create was applied but answered with a timeout is rescued by this
+// node when it sees the end again (the next poll): the claim names it. A
+// claim another node made is left to that node, and one end is rescued
+// once however often it is seen.
+func TestRescue_ClaimSurvivesALostReply(t *testing.T) {
+	owners := &lossyOwners{fakeOwners: newFakeOwners()}
+	h := leaseHost(t, "a", owners, 3*time.Second)
+	owners.mu.Lock()
+	owners.lose = 1
+	owners.mu.Unlock()
+	var rescued []string
+	h.rescueHook = func(node string) { rescued = append(rescued, node) }
+	names := &nodeNames{set: map[string]bool{}}
+
+	h.claimRescue(t.Context(), names, "b", 7)
+	if len(rescued) != 0 {
+		t.Fatalf("rescued %v after a create answered with a timeout; want a retry later", rescued)
+	}
+	h.claimRescue(t.Context(), names, "b", 7)
+	h.claimRescue(t.Context(), names, "b", 7)
+	if len(rescued) != 1 || rescued[0] != "b" {
+		t.Fatalf("rescued %v; want node b once, when the end was seen again", rescued)
+	}
+
+	// Node c's end is claimed by another node first: not rescued here.
+	if _, err := owners.fakeOwners.Create(t.Context(), "rescue.c.9", []byte("other"), 0); err != nil {
+		t.Fatal(err)
+	}
+	h.claimRescue(t.Context(), names, "c", 9)
+	if len(rescued) != 1 {
+		t.Fatalf("rescued %v; a claim another node made is that node's", rescued)
+	}
+	// A store that fails: tried again once it answers.
+	owners.setFail(errors.New("nats: timeout"))
+	h.claimRescue(t.Context(), names, "d", 11)
+	owners.setFail(nil)
+	h.claimRescue(t.Context(), names, "d", 11)
+	if len(rescued) != 2 || rescued[1] != "d" {
+		t.Fatalf("rescued %v; want d after the store answered again", rescued)
+	}
+}

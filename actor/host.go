@@ -293,6 +293,9 @@ type Host struct {
 	// afterLeaseLost, when set (by tests, before Start), runs in a session
 	// actor once it has stopped because it lost its lease.
 	afterLeaseLost func(id session.ID)
+	// rescueHook, when set (by tests), replaces rescue once this node has
+	// claimed the rescue of a node whose lease ended.
+	rescueHook func(node string)
 }
 
 // New validates cfg, fills in defaults and returns a Host that is not yet

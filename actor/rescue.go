@@ -125,7 +125,7 @@ func (h *Host) watchNodes(ctx context.Context) {
 			}
 			names.add(node)
 			if ent.Deleted {
-				h.claimRescue(ctx, node, ent.Rev)
+				h.claimRescue(ctx, names, node, ent.Rev)
 			}
 		}
 		stop()
@@ -133,10 +133,39 @@ func (h *Host) watchNodes(ctx context.Context) {
 }
 
 // nodeNames is the set of other nodes the watcher has heard of, read by
-// the poll.
+// the poll, and the rescue claims this node has tried.
 type nodeNames struct {
 	mu  sync.Mutex
 	set map[string]bool // guarded by mu
+	// claims: a claim (key) being tried (false) or settled (true: made,
+	// by this node or another); guarded by mu.
+	claims map[string]bool
+}
+
+// startClaim reports whether claim is neither being tried nor settled,
+// and marks it as being tried.
+func (n *nodeNames) startClaim(claim string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.claims[claim]; ok {
+		return false
+	}
+	if n.claims == nil {
+		n.claims = map[string]bool{}
+	}
+	n.claims[claim] = false
+	return true
+}
+
+// endClaim settles claim, or forgets it so that it is tried again.
+func (n *nodeNames) endClaim(claim string, settled bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if settled {
+		n.claims[claim] = true
+	} else {
+		delete(n.claims, claim)
+	}
 }
 
 func (n *nodeNames) add(node string) {
@@ -177,7 +206,7 @@ func (h *Host) pollNodes(ctx context.Context, names *nodeNames) {
 				p = &polled{}
 				known[node] = p
 			}
-			h.pollNode(ctx, node, &p.rev, &p.at)
+			h.pollNode(ctx, names, node, &p.rev, &p.at)
 		}
 	}
 }
@@ -186,7 +215,7 @@ func (h *Host) pollNodes(ctx context.Context, names *nodeNames) {
 // expiry marker) is rescued if nobody did (claimRescue); a lease whose
 // revision has not changed for staleAfter since this node first read it is
 // ended (endStale). rev and at are the poll's memory of the node.
-func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.Time) {
+func (h *Host) pollNode(ctx context.Context, names *nodeNames, node string, rev *uint64, at *time.Time) {
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/2)
 	msg, err := h.owners.Latest(rctx, session.NodeLeaseKey(node))
 	cancel()
@@ -199,12 +228,12 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 		// node lease's message without writing the marker that watchers
 		// see. A lease this poll saw before is then over: rescue it.
 		if *rev != 0 {
-			h.claimRescue(ctx, node, *rev)
+			h.claimRescue(ctx, names, node, *rev)
 			*rev = 0
 		}
 		return
 	case msg.Deleted:
-		h.claimRescue(ctx, node, msg.Rev)
+		h.claimRescue(ctx, names, node, msg.Rev)
 		return
 	case msg.Rev != *rev:
 		*rev, *at = msg.Rev, time.Now()
@@ -215,10 +244,40 @@ func (h *Host) pollNode(ctx context.Context, node string, rev *uint64, at *time.
 }
 
 // claimRescue rescues node's sessions if this node is the first to claim
-// the end of its lease at revision rev (a create in the owners bucket).
-func (h *Host) claimRescue(ctx context.Context, node string, rev uint64) {
+// the end of its lease at revision rev (a create in the owners bucket,
+// naming this node). The watcher and the poll both call it for one end;
+// names keeps it to one try at a time. A create that failed otherwise than
+// finding the claim made (a timeout under load) is tried again by the next
+// poll, and a claim found made by this node itself (the create was applied
+// but its reply lost) is rescued as if just made. Before, any failure of
+// the create gave up, and a claim whose reply was lost was rescued by
+// nobody: a session of a frozen node then waited until that node ran again.
+func (h *Host) claimRescue(ctx context.Context, names *nodeNames, node string, rev uint64) {
 	claim := "rescue." + node + "." + strconv.FormatUint(rev, 10)
-	if _, err := h.owners.Create(ctx, claim, []byte(h.cfg.NodeID), ownersMarkerTTL); err != nil {
+	if !names.startClaim(claim) {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL)
+	_, err := h.owners.Create(cctx, claim, []byte(h.cfg.NodeID), ownersMarkerTTL)
+	if errors.Is(err, ajs.ErrExists) {
+		var cur *ajs.Record
+		if cur, err = h.owners.Latest(cctx, claim); err == nil && (cur == nil || cur.Deleted || string(cur.Value) != h.cfg.NodeID) {
+			cancel()
+			names.endClaim(claim, true) // Another node's: it rescues.
+			return
+		}
+	}
+	cancel()
+	if err != nil {
+		names.endClaim(claim, false)
+		if ctx.Err() == nil {
+			h.log.Warn("claim the rescue of a node whose lease ended; retrying at the next poll", "gone", node, "err", err)
+		}
+		return
+	}
+	names.endClaim(claim, true)
+	if h.rescueHook != nil {
+		h.rescueHook(node)
 		return
 	}
 	h.rescue(ctx, node)
@@ -253,12 +312,30 @@ func (h *Host) endStale(ctx context.Context, node string, rev uint64, unseen tim
 }
 
 // rescue activates on this node every session the catalog says was active
-// on node, whose lease ended.
+// on node, whose lease ended. Reading the catalog is retried with backoff
+// for up to a minute: this node claimed the rescue, nobody else does it.
 func (h *Host) rescue(ctx context.Context, node string) {
-	entries, err := h.activeEntries(ctx)
-	if err != nil {
-		h.log.Warn("rescue the sessions of a node that is gone: read catalog", "gone", node, "err", err)
-		return
+	var entries []session.CatalogEntry
+	backoff := retry.Policy{Min: 50 * time.Millisecond, Max: time.Second}.BackOff()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, openTimeout)
+		var err error
+		entries, err = h.activeEntries(rctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			h.log.Warn("rescue the sessions of a node that is gone: read catalog", "gone", node, "err", err)
+			return
+		}
+		h.log.Info("rescue the sessions of a node that is gone: read catalog; retrying", "gone", node, "err", err)
+		select {
+		case <-time.After(backoff.NextBackOff()):
+		case <-ctx.Done():
+			return
+		}
 	}
 	n := 0
 	for _, c := range entries {
