@@ -93,6 +93,9 @@ func (h *Host) parsePlace(msg *nats.Msg) (*placeMsg, error) {
 		if err := h.checkAgent(p.req.Harness.Agent); err != nil {
 			return nil, err
 		}
+		if err := h.checkCreateSettings(&p.req); err != nil {
+			return nil, err // before anything of the session exists
+		}
 	default:
 		return nil, session.Errorf(session.CodeBadRequest, "unknown place op %q", p.req.Op)
 	}

@@ -259,6 +259,12 @@ type PlaceRequest struct {
 	// Fork, on PlaceCreate, makes the new session a fork: its history is
 	// the parent's up to Fork.Seq (files.go).
 	Fork *ForkedFrom `json:"fork,omitempty"`
+	// Settings, on PlaceCreate, are the new session's own settings, as
+	// OpSettings takes them. The node checks them before it writes
+	// anything, so a refused setting creates nothing; the Session in the
+	// reply has them. (A node that predates this field ignores it: its
+	// reply's Session has no Settings.)
+	Settings *SettingsPatch `json:"settings,omitempty"`
 }
 
 // PresenceMessage is what a gateway publishes on the Presence subject: the
