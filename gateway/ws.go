@@ -365,6 +365,7 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 	if c.cmds == nil {
 		c.cmds = newCommander(c)
 		c.s.conns.Go(c.cmds.run) // legal: this reader is counted in conns.
+		c.s.conns.Go(c.cmds.publish)
 	}
 	c.cmds.submit(&pending{cmd: cmd, clientID: cid})
 }
