@@ -77,6 +77,13 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 	places, failovers := 0, 0
 	for attempt := 0; ; attempt++ {
 		reply, err := s.requestCmd(ctx, p, id, cmd)
+		if errors.Is(err, errStillGone) && time.Now().Before(placeDeadline) {
+			// Nobody answered for a node that is gone already: its
+			// successor has yet to subscribe. Asked again, the request
+			// reaches the successor once it does (see requestCmd).
+			attempt--
+			continue
+		}
 		if errors.Is(err, errNodeGone) {
 			if !repeatable(cmd) {
 				return nil, s.notRepeated(id, cmd, err)
@@ -178,14 +185,36 @@ func (s *Server) requestCmd(ctx context.Context, p session.Principal, id session
 	}
 	ctx, stop := s.nodes.follow(ctx, node)
 	defer stop()
+	if node != "" && repeatable(cmd) && s.nodes.isGone(node) {
+		// The node the catalog names is gone already: this is a
+		// failover's retry, or a command sent before the catalog names
+		// the new owner. A frozen node keeps its subscriptions until
+		// NATS's ping timeout, so the request may reach only it, and no
+		// end of its lease is left to cut the wait: it waited the whole
+		// request timeout (10 s) although another node took the session
+		// over a moment later (issue 21). Ask for goneNodeWait at most,
+		// then again (call).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, goneNodeWait, fmt.Errorf("node %s: %w", node, errStillGone))
+		defer cancel()
+	}
 	reply, err := s.request(ctx, s.subj.Cmd(id), p, cmd)
-	if err != nil && errors.Is(err, context.Canceled) {
+	if err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		if cause := context.Cause(ctx); errors.Is(cause, errNodeGone) {
 			return nil, cause
 		}
 	}
 	return reply, err
 }
+
+// goneNodeWait bounds each wait of a command that is safe to repeat for an
+// answer while the node the catalog names for its session is gone (see
+// requestCmd); call asks again until the place deadline.
+const goneNodeWait = time.Second
+
+// errStillGone means a command got no answer within goneNodeWait while the
+// node the catalog names for its session was gone.
+var errStillGone = fmt.Errorf("no answer while the node serving the session is gone: %w", errNodeGone)
 
 // notRepeated is the answer to a command that is not safe to repeat whose
 // node stopped while handling it (err matches errNodeGone).
