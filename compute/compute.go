@@ -241,6 +241,12 @@ type AgentOpen struct {
 	// Mounts are Spec.Mounts as the agent makes them: node directories
 	// have no meaning in a VM.
 	Mounts []AgentMount `json:"mounts,omitempty"`
+	// Suspended lists the suspended commands the node will attach again
+	// (after a wake). The agent kills every other suspended command: the
+	// node that suspended it is gone (a restarted or new owner cannot
+	// attach to it), and it would keep the workspace from being restored
+	// until its reattach timeout.
+	Suspended []int64 `json:"suspended,omitempty"`
 }
 
 // AgentMount is a directory made visible in a VM's sandbox: a directory of

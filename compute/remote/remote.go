@@ -371,9 +371,17 @@ func (m *machine) openAgentLocked(ctx context.Context, a *agent, fence int64) er
 	if err != nil {
 		return fmt.Errorf("open sandbox %s: %w", m.id, err)
 	}
+	var suspended []int64
+	m.mu.Lock()
+	for pr := range m.procs {
+		if pr.agent == a && pr.suspendSeen.Load() {
+			suspended = append(suspended, pr.id)
+		}
+	}
+	m.mu.Unlock()
 	err = a.call(ctx, http.MethodPost, "/v1/sandbox", fence, compute.AgentOpen{
 		Session: m.id, MemoryBytes: m.spec.MemoryBytes, Pids: m.spec.Pids, Network: m.spec.Network,
-		Model: m.spec.ModelSocket != "", Egress: m.spec.Egress, Mounts: mounts,
+		Model: m.spec.ModelSocket != "", Egress: m.spec.Egress, Mounts: mounts, Suspended: suspended,
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("open sandbox %s: %w", m.id, err)

@@ -340,6 +340,7 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request, fence int64)
 		Session: req.Session, Fence: fence,
 		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network, Egress: req.Egress,
 	}
+	s.dropSuspended(r.Context(), req.Suspended)
 	mounts, err := s.makeMounts(req.Session, req.Mounts)
 	if err != nil {
 		writeError(w, err)

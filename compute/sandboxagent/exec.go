@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -75,6 +76,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, fence int64)
 		stdout:  newWindow(),
 		stderr:  newWindow(),
 		changed: make(chan struct{}),
+		gone:    make(chan struct{}),
 	}
 	x.run(sb, fence, conn)
 }
@@ -153,6 +155,40 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request, _ int64) 
 	}
 	s.log.Info("commands suspended", "session", string(s.boundSession()), "commands", len(xs))
 	writeJSON(w, http.StatusOK, map[string]int{"suspended": len(xs)})
+}
+
+// errOrphaned ends a suspended command that the node opening the sandbox
+// will not attach again.
+var errOrphaned = errors.New("suspended by a node that is gone: the node opening the sandbox does not attach it")
+
+// dropSuspended kills the suspended commands not in keep (AgentOpen's
+// Suspended) and waits until they are gone, or ctx ends.
+func (s *Server) dropSuspended(ctx context.Context, keep []int64) {
+	s.mu.Lock()
+	xs := make([]*execConn, 0, len(s.execs))
+	for id, x := range s.execs {
+		if !slices.Contains(keep, id) {
+			xs = append(xs, x)
+		}
+	}
+	s.mu.Unlock()
+	var dropped []*execConn
+	for _, x := range xs {
+		if st, _ := x.getState(); st == execSuspended {
+			x.cancel(errOrphaned)
+			dropped = append(dropped, x)
+		}
+	}
+	for _, x := range dropped {
+		select {
+		case <-x.gone:
+		case <-ctx.Done():
+			return
+		}
+	}
+	if len(dropped) > 0 {
+		s.log.Info("suspended commands nobody will attach killed", "session", string(s.boundSession()), "commands", len(dropped))
+	}
 }
 
 func (s *Server) boundSession() session.ID {
@@ -240,6 +276,8 @@ type execConn struct {
 	stdout  *window                   // credit the node granted for stdout
 	stderr  *window                   // and for stderr
 
+	gone chan struct{} // closed when run returns: the command is no longer counted or listed
+
 	mu         sync.Mutex
 	state      string        // guarded by mu
 	suspending bool          // guarded by mu: a suspension was asked for on the current connection
@@ -299,6 +337,7 @@ func (x *execConn) suspend(ctx context.Context) error {
 // exit was delivered, or nobody is left to control it. It returns when
 // every goroutine it started is done.
 func (x *execConn) run(sb compute.Sandbox, fence int64, conn *websocket.Conn) {
+	defer close(x.gone)
 	x.ctx, x.cancel = context.WithCancelCause(x.s.ctx)
 	defer x.cancel(nil)
 	req, err := x.readRequest(conn)
