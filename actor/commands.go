@@ -42,7 +42,7 @@ type recentPrompts struct {
 type recentPrompt struct {
 	seq     session.Seq
 	durable bool
-	waiters []func(session.Reply) // retries waiting for the original's commit
+	waiters []*nats.Msg // retries waiting for the original's commit
 }
 
 func (r *recentPrompts) get(key string) *recentPrompt { return r.byKey[key] }
@@ -109,7 +109,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	role := s.roleOf(who)
 	need := session.ActRead
 	switch c.Op {
-	case session.OpPrompt, session.OpPrompts, session.OpCancel, session.OpApprove, session.OpPROpened:
+	case session.OpPrompt, session.OpCancel, session.OpApprove, session.OpPROpened:
 		need = session.ActDrive
 	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress, session.OpSettings:
 		need = session.ActManage
@@ -129,8 +129,6 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	switch c.Op {
 	case session.OpPrompt:
 		s.opPrompt(msg, who.User, c)
-	case session.OpPrompts:
-		s.opPrompts(msg, who.User, c)
 	case session.OpCancel:
 		s.opCancel(msg, c)
 	case session.OpApprove:
@@ -160,91 +158,59 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 }
 
 func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) {
-	s.prompt(user, c.Text, c.ClientID, func(rep session.Reply) { respond(msg, rep) })
-}
-
-// opPrompts appends the prompts of one request in order, as opPrompt would
-// each, and answers once every one of them is answered: they are emitted
-// in this Receive, so they commit together.
-func (s *sessionActor) opPrompts(msg *nats.Msg, user string, c *session.Command) {
-	n := len(c.Prompts)
 	switch {
-	case n == 0:
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompts is empty")))
+	case strings.TrimSpace(c.Text) == "":
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
 		return
-	case n > session.MaxPromptsPerCommand:
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "more than %d prompts in one command", session.MaxPromptsPerCommand)))
+	case len(c.Text) > session.MaxTextBytes:
+		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)))
 		return
-	}
-	results := make([]session.Reply, n)
-	left := n
-	for i, p := range c.Prompts {
-		s.prompt(user, p.Text, p.ClientID, func(rep session.Reply) {
-			results[i] = rep
-			if left--; left == 0 {
-				respond(msg, session.Reply{Results: results})
-			}
-		})
-	}
-}
-
-// prompt appends a prompt of user and calls answer, on the actor, once: with
-// its seq when it is durable (or was already: a retried client_id), or with
-// the error that refused or dropped it.
-func (s *sessionActor) prompt(user, text, clientID string, answer func(session.Reply)) {
-	switch {
-	case strings.TrimSpace(text) == "":
-		answer(errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
+	case len(c.ClientID) > session.MaxClientIDBytes:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)))
 		return
-	case len(text) > session.MaxTextBytes:
-		answer(errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)))
-		return
-	case len(clientID) > session.MaxClientIDBytes:
-		answer(errorReply(session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)))
-		return
-	case !utf8.ValidString(text):
-		answer(errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
+	case !utf8.ValidString(c.Text):
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
 		return
 	}
 	key := ""
-	if clientID != "" {
-		key = user + "\x00" + clientID
+	if c.ClientID != "" {
+		key = user + "\x00" + c.ClientID
 		if p := s.queue.recent.get(key); p != nil {
 			if p.durable {
-				answer(session.Reply{Seq: p.seq})
+				respond(msg, session.Reply{Seq: p.seq})
 			} else {
-				p.waiters = append(p.waiters, answer)
+				p.waiters = append(p.waiters, msg)
 			}
 			return
 		}
 		if s.queue.recent.partial {
-			seq, err := s.committedPrompt(user, clientID)
+			seq, err := s.committedPrompt(user, c.ClientID)
 			if err != nil {
-				answer(errorReply(err))
+				respond(msg, errorReply(err))
 				return
 			}
 			if seq > 0 {
 				s.queue.recent.add(key, &recentPrompt{seq: seq, durable: true})
-				answer(session.Reply{Seq: seq})
+				respond(msg, session.Reply{Seq: seq})
 				return
 			}
 		}
 	}
-	data := messageData(text, clientID)
+	data := messageData(c.Text, c.ClientID)
 	if len(data) > s.events.maxData {
-		answer(errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
+		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
 		return
 	}
-	span := s.queue.traces.cmd
+	text, span := c.Text, s.queue.traces.cmd
 	rp := &recentPrompt{}
 	rp.seq = s.events.emit(session.KindMessage, user, data, func(err error) {
 		if err != nil {
 			if key != "" {
 				s.queue.recent.remove(key)
 			}
-			answer(errorReply(err))
+			respond(msg, errorReply(err))
 			for _, w := range rp.waiters {
-				w(errorReply(err))
+				respond(w, errorReply(err))
 			}
 			return
 		}
@@ -252,9 +218,9 @@ func (s *sessionActor) prompt(user, text, clientID string, answer func(session.R
 		s.queue.traces.queued(rp.seq, span)
 		s.queue.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
 		rep := session.Reply{Seq: rp.seq}
-		answer(rep)
+		respond(msg, rep)
 		for _, w := range rp.waiters {
-			w(rep)
+			respond(w, rep)
 		}
 		rp.waiters = nil
 		s.maybeStartTurn()

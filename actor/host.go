@@ -249,10 +249,7 @@ type Host struct {
 	// serving is set while the manager takes messages (Start to Close).
 	serving atomic.Bool
 	reads   chan readJob
-	// hibernating bounds the hibernations writing to disk at once
-	// (hibernateSlot in session.go).
-	hibernating chan struct{}
-	place       *nats.Subscription
+	place   *nats.Subscription
 	// placeOn is the subscription to this node's own place subject
 	// (Subjects.PlaceOn(NodeID)), nil without a NodeID: placement affinity.
 	placeOn *nats.Subscription
@@ -293,9 +290,6 @@ type Host struct {
 	beforeCmd func(id session.ID, c *session.Command)
 	// now is the clock of sandbox lifetimes; tests replace it before Start.
 	now func() time.Time
-	// spawned, when set (by tests, before the first session), is told of
-	// every session actor made.
-	spawned func(s *sessionActor)
 	// afterLeaseLost, when set (by tests, before Start), runs in a session
 	// actor once it has stopped because it lost its lease.
 	afterLeaseLost func(id session.ID)
@@ -395,7 +389,6 @@ func New(cfg Config) (*Host, error) {
 		managerStopped: make(chan struct{}),
 		leases:         map[session.ID]*lease{},
 		released:       map[session.ID]releasedLease{},
-		hibernating:    make(chan struct{}, maxHibernating),
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}

@@ -221,6 +221,10 @@ const (
 type AgentHealth struct {
 	Version  string `json:"version"`
 	UptimeMS int64  `json:"uptime_ms"`
+	// TimeMS is the guest's clock (Unix milliseconds): a VM host checks it
+	// after a wake from sleep, when the guest's clock stood still. 0 from
+	// agents older than it.
+	TimeMS int64 `json:"time_ms,omitempty"`
 }
 
 // AgentOpen is the body of POST /v1/sandbox: the sandbox's session and

@@ -130,12 +130,15 @@ func (q *workspaceQuota) attach(dir string, bytes int64, size *atomic.Int64) err
 	}
 	img := filepath.Join(dir, workspaceImage)
 	if st, err := os.Stat(img); err == nil {
+		if err := waitReleased(img, imageReleaseTimeout); err != nil {
+			return err
+		}
 		if st.Size() != imageSize(bytes) {
 			if err := q.resize(img, st.Size(), bytes); err != nil {
 				return err
 			}
 		}
-		if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk); err != nil {
+		if err := q.mountImage(img, disk); err != nil {
 			return err
 		}
 		size.Store(bytes)
@@ -151,7 +154,7 @@ func (q *workspaceQuota) attach(dir string, bytes int64, size *atomic.Int64) err
 		return err
 	}
 	defer os.Remove(tmp)
-	if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, tmp); err != nil {
+	if err := q.mountImage(img, tmp); err != nil {
 		_ = os.Remove(img)
 		return fmt.Errorf("%w: %w", errNoLoop, err)
 	}
@@ -188,7 +191,7 @@ func (q *workspaceQuota) attach(dir string, bytes int64, size *atomic.Int64) err
 		if err := q.run(q.umnt, tmp); err != nil {
 			return err
 		}
-		if err := q.run(q.mount, "-o", "loop,nosuid,nodev", img, disk); err != nil {
+		if err := q.mountImage(img, disk); err != nil {
 			return err
 		}
 	}

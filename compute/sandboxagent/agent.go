@@ -252,6 +252,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, compute.AgentHealth{
 		Version:  s.cfg.Version,
 		UptimeMS: time.Since(s.started).Milliseconds(),
+		TimeMS:   time.Now().UnixMilli(),
 	})
 }
 

@@ -467,6 +467,10 @@ func (s *Server) Wake(ctx context.Context, id string) error {
 		v.stop()
 		return fmt.Errorf("vmhost: wake %s: %w", id, err)
 	}
+	if err := waitClock(ctx, v); err != nil {
+		v.stop()
+		return fmt.Errorf("vmhost: wake %s: %w", id, err)
+	}
 	v.setSleeping(false)
 	os.Remove(mem)
 	s.log.Info("vm awake", "sandbox", id)

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/atriumhq/atrium/compute"
 )
 
 // agentPort is where the agent listens inside the guest; configPort is
@@ -248,6 +250,48 @@ func waitHealthy(ctx context.Context, v *vm) error {
 			return fmt.Errorf("QEMU exited during boot: %v", v.err)
 		case <-ctx.Done():
 			return fmt.Errorf("the guest's agent did not become healthy: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// clockSkewMax is how far a woken guest's clock may be from the host's:
+// the clock message carries whole seconds.
+const clockSkewMax = 1500 * time.Millisecond
+
+// waitClock waits until the woken guest v tells the host's time, sending
+// the clock message again while it does not: the first one can reach a
+// guest whose listener has not run since the wake, and QEMU's user
+// networking accepts the connection anyway. An agent that does not report
+// its clock (older than compute.AgentHealth.TimeMS) is not waited for.
+func waitClock(ctx context.Context, v *vm) error {
+	client := &http.Client{Timeout: 700 * time.Millisecond, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var skew time.Duration
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+v.addr+"/healthz", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			var h compute.AgentHealth
+			derr := json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			if derr == nil {
+				if h.TimeMS == 0 {
+					return nil
+				}
+				skew = time.Since(time.UnixMilli(h.TimeMS)).Abs()
+				if skew <= clockSkewMax {
+					return nil
+				}
+			}
+		}
+		send(v, clockMessage())
+		select {
+		case <-v.done:
+			return fmt.Errorf("QEMU exited while the guest's clock was set: %v", v.err)
+		case <-ctx.Done():
+			return fmt.Errorf("the guest's clock is still %v off the host's: %w", skew.Round(time.Millisecond), ctx.Err())
 		case <-tick.C:
 		}
 	}
