@@ -42,7 +42,7 @@ type recentPrompts struct {
 type recentPrompt struct {
 	seq     session.Seq
 	durable bool
-	waiters []*nats.Msg // retries waiting for the original's commit
+	waiters []func(session.Reply) // retries waiting for the original's commit
 }
 
 func (r *recentPrompts) get(key string) *recentPrompt { return r.byKey[key] }
@@ -109,7 +109,7 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	role := s.roleOf(who)
 	need := session.ActRead
 	switch c.Op {
-	case session.OpPrompt, session.OpCancel, session.OpApprove, session.OpPROpened:
+	case session.OpPrompt, session.OpPrompts, session.OpCancel, session.OpApprove, session.OpPROpened:
 		need = session.ActDrive
 	case session.OpMember, session.OpDelete, session.OpSecretSet, session.OpSecretDelete, session.OpSecrets, session.OpEgress, session.OpSettings:
 		need = session.ActManage
@@ -129,6 +129,8 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 	switch c.Op {
 	case session.OpPrompt:
 		s.opPrompt(msg, who.User, c)
+	case session.OpPrompts:
+		s.opPrompts(msg, who.User, c)
 	case session.OpCancel:
 		s.opCancel(msg, c)
 	case session.OpApprove:
@@ -158,59 +160,91 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 }
 
 func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) {
+	s.prompt(user, c.Text, c.ClientID, func(rep session.Reply) { respond(msg, rep) })
+}
+
+// opPrompts appends the prompts of one request in order, as opPrompt would
+// each, and answers once every one of them is answered: they are emitted
+// in this Receive, so they commit together.
+func (s *sessionActor) opPrompts(msg *nats.Msg, user string, c *session.Command) {
+	n := len(c.Prompts)
 	switch {
-	case strings.TrimSpace(c.Text) == "":
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
+	case n == 0:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompts is empty")))
 		return
-	case len(c.Text) > session.MaxTextBytes:
-		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)))
+	case n > session.MaxPromptsPerCommand:
+		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "more than %d prompts in one command", session.MaxPromptsPerCommand)))
 		return
-	case len(c.ClientID) > session.MaxClientIDBytes:
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)))
+	}
+	results := make([]session.Reply, n)
+	left := n
+	for i, p := range c.Prompts {
+		s.prompt(user, p.Text, p.ClientID, func(rep session.Reply) {
+			results[i] = rep
+			if left--; left == 0 {
+				respond(msg, session.Reply{Results: results})
+			}
+		})
+	}
+}
+
+// prompt appends a prompt of user and calls answer, on the actor, once: with
+// its seq when it is durable (or was already: a retried client_id), or with
+// the error that refused or dropped it.
+func (s *sessionActor) prompt(user, text, clientID string, answer func(session.Reply)) {
+	switch {
+	case strings.TrimSpace(text) == "":
+		answer(errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
 		return
-	case !utf8.ValidString(c.Text):
-		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
+	case len(text) > session.MaxTextBytes:
+		answer(errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt text is longer than %d bytes", session.MaxTextBytes)))
+		return
+	case len(clientID) > session.MaxClientIDBytes:
+		answer(errorReply(session.Errorf(session.CodeBadRequest, "client_id is longer than %d bytes", session.MaxClientIDBytes)))
+		return
+	case !utf8.ValidString(text):
+		answer(errorReply(session.Errorf(session.CodeBadRequest, "prompt text is not valid UTF-8")))
 		return
 	}
 	key := ""
-	if c.ClientID != "" {
-		key = user + "\x00" + c.ClientID
+	if clientID != "" {
+		key = user + "\x00" + clientID
 		if p := s.queue.recent.get(key); p != nil {
 			if p.durable {
-				respond(msg, session.Reply{Seq: p.seq})
+				answer(session.Reply{Seq: p.seq})
 			} else {
-				p.waiters = append(p.waiters, msg)
+				p.waiters = append(p.waiters, answer)
 			}
 			return
 		}
 		if s.queue.recent.partial {
-			seq, err := s.committedPrompt(user, c.ClientID)
+			seq, err := s.committedPrompt(user, clientID)
 			if err != nil {
-				respond(msg, errorReply(err))
+				answer(errorReply(err))
 				return
 			}
 			if seq > 0 {
 				s.queue.recent.add(key, &recentPrompt{seq: seq, durable: true})
-				respond(msg, session.Reply{Seq: seq})
+				answer(session.Reply{Seq: seq})
 				return
 			}
 		}
 	}
-	data := messageData(c.Text, c.ClientID)
+	data := messageData(text, clientID)
 	if len(data) > s.events.maxData {
-		respond(msg, errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
+		answer(errorReply(session.Errorf(session.CodePayloadTooLarge, "prompt is too large once encoded")))
 		return
 	}
-	text, span := c.Text, s.queue.traces.cmd
+	span := s.queue.traces.cmd
 	rp := &recentPrompt{}
 	rp.seq = s.events.emit(session.KindMessage, user, data, func(err error) {
 		if err != nil {
 			if key != "" {
 				s.queue.recent.remove(key)
 			}
-			respond(msg, errorReply(err))
+			answer(errorReply(err))
 			for _, w := range rp.waiters {
-				respond(w, errorReply(err))
+				w(errorReply(err))
 			}
 			return
 		}
@@ -218,9 +252,9 @@ func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) 
 		s.queue.traces.queued(rp.seq, span)
 		s.queue.turns.Enqueue(session.Prompt{Seq: rp.seq, Text: text, By: user})
 		rep := session.Reply{Seq: rp.seq}
-		respond(msg, rep)
+		answer(rep)
 		for _, w := range rp.waiters {
-			respond(w, rep)
+			w(rep)
 		}
 		rp.waiters = nil
 		s.maybeStartTurn()

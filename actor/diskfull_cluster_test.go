@@ -201,6 +201,11 @@ func testStoreFull(t *testing.T, data, histDir string, guardRestarts bool) {
 	if refused.Code != session.CodeUnavailable || (guardRestarts && !strings.Contains(refused.Message, data)) {
 		t.Errorf("refusal %v: want unavailable naming the full disk (under %s)", refused, data)
 	}
+	if guardRestarts && refused.RetryAfterS <= 0 {
+		// The gateway answers a refusal with a retry hint at once,
+		// instead of retrying the placement (gateway/owner.go).
+		t.Errorf("refusal %v for the full store has no retry hint", refused)
+	}
 	// Still full: the next prompt is refused at once, with the reason.
 	// It is sent once the stopped session has let go of its record: a
 	// request that reaches a session actor in the moment it tears down
@@ -217,6 +222,8 @@ func testStoreFull(t *testing.T, data, histDir string, guardRestarts bool) {
 	rep, err := e.tryCmdWithin(id, "alice", session.Command{Op: session.OpPrompt, Text: "echo still full", ClientID: "still-full"}, answerWithin)
 	if err != nil || rep.Error == nil || !fullDisk(rep.Error.Message) {
 		t.Errorf("prompt on a store still full: %+v, %v; want refused for the full store", rep.Error, err)
+	} else if guardRestarts && rep.Error.RetryAfterS <= 0 {
+		t.Errorf("prompt on a store still full: refused with no retry hint: %+v", rep.Error)
 	} else if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("a prompt on a store known full took %v to be refused", took)
 	}

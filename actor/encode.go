@@ -53,7 +53,7 @@ func messageData(text, clientID string) []byte {
 // the hot path (a prompt's seq, a plain ok) skip encoding/json.
 func encodeReply(rep *session.Reply) []byte {
 	if rep.Error == nil && rep.Session == nil && rep.Events == nil && rep.LastSeq == 0 && rep.Epoch == "" && !rep.More && rep.Secrets == nil &&
-		rep.Files == nil && rep.Fork == nil {
+		rep.Files == nil && rep.Fork == nil && rep.Results == nil {
 		if rep.Seq == 0 {
 			return []byte("{}")
 		}
@@ -64,6 +64,10 @@ func encodeReply(rep *session.Reply) []byte {
 	}
 	if len(rep.Events) > 0 && rep.Error == nil && rep.Seq == 0 && rep.Session == nil {
 		return encodeHistoryReply(rep)
+	}
+	if len(rep.Results) > 0 && rep.Error == nil && rep.Seq == 0 && rep.Session == nil && rep.Events == nil &&
+		rep.LastSeq == 0 && rep.Epoch == "" && !rep.More && rep.Secrets == nil && rep.Files == nil && rep.Fork == nil {
+		return encodeResults(rep.Results)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -101,6 +105,20 @@ func encodeHistoryReply(rep *session.Reply) []byte {
 		return append(b, rest[1:]...)
 	}
 	return append(b, '}')
+}
+
+// encodeResults encodes the reply to OpPrompts, {"results":[…]}, each
+// result as encodeReply encodes it.
+func encodeResults(results []session.Reply) []byte {
+	b := make([]byte, 0, 16+24*len(results))
+	b = append(b, `{"results":[`...)
+	for i := range results {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, encodeReply(&results[i])...)
+	}
+	return append(b, ']', '}')
 }
 
 const hexDigits = "0123456789abcdef"

@@ -70,6 +70,9 @@ func TestEncode_MatchesEncodingJSON(t *testing.T) {
 		{Events: []json.RawMessage{json.RawMessage(`{"seq":1}`)}, LastSeq: 1},
 		{Seq: 4, Events: []json.RawMessage{json.RawMessage(`{"seq":1}`)}, Epoch: "e"},
 		{Session: &session.Session{ID: "s_1", Title: "<t>"}},
+		{Results: []session.Reply{{Seq: 7}, {Error: session.Errorf(session.CodeBadRequest, "a <b>")}, {Seq: 9}}},
+		{Results: []session.Reply{{Seq: 1}}},
+		{Results: []session.Reply{{Seq: 1}}, LastSeq: 2},
 	} {
 		if got, want := encodeReply(&rep), stdEncode(t, rep); !bytes.Equal(got, want) {
 			t.Errorf("reply %+v:\n got %s\nwant %s", rep, got, want)

@@ -249,7 +249,10 @@ type Host struct {
 	// serving is set while the manager takes messages (Start to Close).
 	serving atomic.Bool
 	reads   chan readJob
-	place   *nats.Subscription
+	// hibernating bounds the hibernations writing to disk at once
+	// (hibernateSlot in session.go).
+	hibernating chan struct{}
+	place       *nats.Subscription
 	// placeOn is the subscription to this node's own place subject
 	// (Subjects.PlaceOn(NodeID)), nil without a NodeID: placement affinity.
 	placeOn *nats.Subscription
@@ -290,6 +293,9 @@ type Host struct {
 	beforeCmd func(id session.ID, c *session.Command)
 	// now is the clock of sandbox lifetimes; tests replace it before Start.
 	now func() time.Time
+	// spawned, when set (by tests, before the first session), is told of
+	// every session actor made.
+	spawned func(s *sessionActor)
 	// afterLeaseLost, when set (by tests, before Start), runs in a session
 	// actor once it has stopped because it lost its lease.
 	afterLeaseLost func(id session.ID)
@@ -389,6 +395,7 @@ func New(cfg Config) (*Host, error) {
 		managerStopped: make(chan struct{}),
 		leases:         map[session.ID]*lease{},
 		released:       map[session.ID]releasedLease{},
+		hibernating:    make(chan struct{}, maxHibernating),
 		now:            time.Now,
 	}
 	h.boxes = &sandboxes{h: h, boxes: map[session.ID]*box{}}

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"encoding/json"
+	"maps"
 
 	proto "github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,9 @@ type manager struct {
 	h        *Host
 	children map[session.ID]*child
 	byPID    map[string]session.ID
+	// peak is the most children the maps held since they were last
+	// rebuilt (shrink).
+	peak     int
 	shutting bool
 	done     bool // managerDone closed
 	// slept holds the sessions activated during shutdown to put their
@@ -92,6 +96,9 @@ func (h *Host) parsePlace(msg *nats.Msg) (*placeMsg, error) {
 		}
 		if err := h.checkAgent(p.req.Harness.Agent); err != nil {
 			return nil, err
+		}
+		if err := h.checkCreateSettings(&p.req); err != nil {
+			return nil, err // before anything of the session exists
 		}
 	default:
 		return nil, session.Errorf(session.CodeBadRequest, "unknown place op %q", p.req.Op)
@@ -152,7 +159,13 @@ func (m *manager) route(ctx proto.Context, p *placeMsg) {
 
 func (m *manager) spawn(ctx proto.Context, id session.ID) *child {
 	info := &spawnInfo{}
-	props := proto.PropsFromProducer(func() proto.Actor { return newSessionActor(m.h, id, info) })
+	props := proto.PropsFromProducer(func() proto.Actor {
+		s := newSessionActor(m.h, id, info)
+		if m.h.spawned != nil {
+			m.h.spawned(s)
+		}
+		return &sessionCell{s: s}
+	})
 	pid, err := ctx.SpawnNamed(props, string(id))
 	if err != nil {
 		m.h.log.Error("spawn session actor", "session", id, "err", err)
@@ -161,7 +174,26 @@ func (m *manager) spawn(ctx proto.Context, id session.ID) *child {
 	c := &child{pid: pid, spawn: info}
 	m.children[id] = c
 	m.byPID[pid.Id] = id
+	m.peak = max(m.peak, len(m.children))
 	return c
+}
+
+// shrinkAt is the peak below which the manager's maps are never rebuilt.
+const shrinkAt = 256
+
+// shrink rebuilds the manager's maps once they hold a quarter of their peak:
+// a Go map keeps the memory of the most entries it ever held, so a node
+// where many sessions were active at once kept it for each after they
+// hibernated.
+func (m *manager) shrink() {
+	if m.peak < shrinkAt || len(m.children)*4 > m.peak {
+		return
+	}
+	children := make(map[session.ID]*child, len(m.children))
+	maps.Copy(children, m.children)
+	byPID := make(map[string]session.ID, len(m.byPID))
+	maps.Copy(byPID, m.byPID)
+	m.children, m.byPID, m.peak = children, byPID, len(children)
 }
 
 func (m *manager) terminated(ctx proto.Context, who *proto.PID) {
@@ -175,6 +207,7 @@ func (m *manager) terminated(ctx proto.Context, who *proto.PID) {
 		return
 	}
 	delete(m.children, id)
+	m.shrink()
 	buffered := c.buffer
 	for _, p := range buffered {
 		m.route(ctx, p) // respawns, or refuses when shutting down

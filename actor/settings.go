@@ -29,49 +29,9 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		return
 	}
 	next := s.events.metaNext
-	if t := p.Title; t != nil {
-		if len(*t) > session.MaxTitleBytes {
-			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)))
-			return
-		}
-		if !utf8.ValidString(*t) {
-			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "title is not valid UTF-8")))
-			return
-		}
-		next.Title = *t
-	}
-	if err := s.h.limitSettings(&next, p); err != nil {
+	if err := s.h.applySettings(&next, p); err != nil {
 		respond(msg, errorReply(err))
 		return
-	}
-	if m := p.PermissionMode; m != nil {
-		if next.Harness.Agent == "" {
-			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "settings: permission_mode is for agent sessions; this session runs no agent")))
-			return
-		}
-		h := next.Harness
-		h.PermissionMode = *m
-		if *m == "" {
-			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, `settings: permission_mode must be "ask", "auto-edit" or "auto"`)))
-			return
-		}
-		if err := h.Validate(); err != nil {
-			respond(msg, errorReply(err))
-			return
-		}
-		next.Harness = h
-	}
-	if d := p.TurnTimeout; d != nil {
-		limit := s.h.cfg.TurnTimeout
-		switch {
-		case *d <= 0:
-			respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "settings: turn_timeout must be positive")))
-			return
-		case time.Duration(*d) > limit:
-			respond(msg, errorReply(session.Errorf(session.CodeForbidden, "settings: turn_timeout %v is beyond this server's limit of %v (node.turn_timeout)", time.Duration(*d), limit)))
-			return
-		}
-		next.TurnTimeout = *d
 	}
 	s.events.metaNext = next
 	s.events.metaDirty = true
@@ -84,6 +44,67 @@ func (s *sessionActor) opSettings(msg *nats.Msg, who session.Principal, c *sessi
 		sess := s.sessionFor(who) // on the actor; done runs off it
 		s.putCatalogThen(func() { respond(msg, session.Reply{Session: &sess}) })
 	})
+}
+
+// applySettings applies p, a change of OpSettings, to next: the title and
+// what limitSettings checks, then the permission mode (agent sessions only)
+// and the turn timeout (at most node.turn_timeout). It changes next only
+// through its own fields and writes nothing, so a session being created
+// checks its settings with it before anything exists (checkCreateSettings).
+func (h *Host) applySettings(next *session.Meta, p *session.SettingsPatch) error {
+	if t := p.Title; t != nil {
+		if len(*t) > session.MaxTitleBytes {
+			return session.Errorf(session.CodeBadRequest, "title is longer than %d bytes", session.MaxTitleBytes)
+		}
+		if !utf8.ValidString(*t) {
+			return session.Errorf(session.CodeBadRequest, "title is not valid UTF-8")
+		}
+		next.Title = *t
+	}
+	if err := h.limitSettings(next, p); err != nil {
+		return err
+	}
+	if m := p.PermissionMode; m != nil {
+		if next.Harness.Agent == "" {
+			return session.Errorf(session.CodeBadRequest, "settings: permission_mode is for agent sessions; this session runs no agent")
+		}
+		hn := next.Harness
+		hn.PermissionMode = *m
+		if *m == "" {
+			return session.Errorf(session.CodeBadRequest, `settings: permission_mode must be "ask", "auto-edit" or "auto"`)
+		}
+		if err := hn.Validate(); err != nil {
+			return err
+		}
+		next.Harness = hn
+	}
+	if d := p.TurnTimeout; d != nil {
+		limit := h.cfg.TurnTimeout
+		switch {
+		case *d <= 0:
+			return session.Errorf(session.CodeBadRequest, "settings: turn_timeout must be positive")
+		case time.Duration(*d) > limit:
+			return session.Errorf(session.CodeForbidden, "settings: turn_timeout %v is beyond this server's limit of %v (node.turn_timeout)", time.Duration(*d), limit)
+		}
+		next.TurnTimeout = *d
+	}
+	return nil
+}
+
+// checkCreateSettings checks the settings of a create request against the
+// new session's metadata as it will be (its harness, its egress allowlist
+// as the node allows it), so that a refused setting is refused before the
+// session, its history or its catalog entry exist. opener.create applies
+// them (applySettings) to the metadata it writes first.
+func (h *Host) checkCreateSettings(req *session.PlaceRequest) error {
+	if req.Settings == nil {
+		return nil
+	}
+	own, err := h.egress.check(req.Egress)
+	if err != nil {
+		return err
+	}
+	return h.applySettings(&session.Meta{Harness: req.Harness, Egress: own}, req.Settings)
 }
 
 // turnTimeout bounds the session's next turn: its own turn_timeout if it

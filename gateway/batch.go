@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"encoding/binary"
 	"net"
 	"net/http"
 	"sync"
@@ -24,25 +25,112 @@ func newBatchPool() *sync.Pool {
 // sends them in one, so that a writer that took several frames from its
 // queue makes one system call, not one per frame.
 //
+// The connection's writer sends its data messages itself (writeMessage,
+// writeFrame): a server's frames are not masked, so the frame of a live
+// event is the same bytes for every watcher and is built once, header
+// included (event.wire); the library then writes only control frames (pongs,
+// the close handshake). Each of those reaches Write whole (it fits the
+// library's 4 KiB buffer, which it flushes after every frame), so frames
+// never interleave; once the library has written a close frame, the
+// writer's messages fail with net.ErrClosed, as the library's own would.
+//
 // Every write to the network has a deadline at least 9/10 of timeout after
 // its start: a client that stops reading fails the write, and the
-// connection is then closed. Writes of the library's own (pongs, the close
-// handshake) pass through the same way, in order with the batch.
+// connection is then closed. Writes of the library's own pass through the
+// same way, in order with the batch.
 type batchConn struct {
 	net.Conn
 	timeout time.Duration
 	pool    *sync.Pool // of *[]byte
 
-	mu       sync.Mutex
-	holding  bool      // guarded by mu
-	buf      *[]byte   // guarded by mu; from pool, only while holding
-	deadline time.Time // guarded by mu: the write deadline set last
+	mu        sync.Mutex
+	holding   bool      // guarded by mu
+	buf       *[]byte   // guarded by mu; from pool, only while holding
+	deadline  time.Time // guarded by mu: the write deadline set last
+	closeSent bool      // guarded by mu: the library wrote a close frame
+}
+
+// opClose is the first byte of a close frame (FIN, opcode 8).
+const opClose = 0x88
+
+// appendTextHeader appends the header of an unmasked, final text frame of
+// n bytes (RFC 6455 §5.2).
+func appendTextHeader(b []byte, n int) []byte {
+	switch {
+	case n < 126:
+		return append(b, 0x81, byte(n))
+	case n <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 0x81, 126), uint16(n))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0x81, 127), uint64(n))
+}
+
+// maxTextHeader is the longest header appendTextHeader writes.
+const maxTextHeader = 10
+
+// appendTextFrame appends a text frame carrying payload, built by
+// payload(dst) appending to dst, and returns the frame and its payload,
+// which share one allocation: the header is written in front of the
+// payload once its length is known.
+func appendTextFrame(size int, payload func([]byte) []byte) (frame, body []byte) {
+	buf := make([]byte, maxTextHeader, maxTextHeader+size)
+	buf = payload(buf)
+	body = buf[maxTextHeader:]
+	var h [maxTextHeader]byte
+	hdr := appendTextHeader(h[:0], len(body))
+	start := maxTextHeader - len(hdr)
+	copy(buf[start:], hdr)
+	return buf[start:], body
+}
+
+// writeMessage sends payload as one text message.
+func (c *batchConn) writeMessage(payload []byte) error {
+	var h [maxTextHeader]byte
+	return c.writeParts(appendTextHeader(h[:0], len(payload)), payload)
+}
+
+// writeFrame sends frame, a complete text frame.
+func (c *batchConn) writeFrame(frame []byte) error {
+	return c.writeParts(nil, frame)
+}
+
+// writeParts sends hdr and p, which together are one frame, with nothing
+// between them.
+func (c *batchConn) writeParts(hdr, p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closeSent {
+		return net.ErrClosed
+	}
+	n := len(hdr) + len(p)
+	if !c.holding || n >= maxBatchBytes {
+		if err := c.flushLocked(); err != nil {
+			return err
+		}
+		c.touchDeadlineLocked()
+		bufs := net.Buffers{hdr, p}
+		_, err := bufs.WriteTo(c.Conn)
+		return err
+	}
+	if c.buf == nil {
+		c.buf = c.pool.Get().(*[]byte)
+	}
+	if len(*c.buf)+n > maxBatchBytes {
+		if err := c.flushLocked(); err != nil {
+			return err
+		}
+	}
+	*c.buf = append(append(*c.buf, hdr...), p...)
+	return nil
 }
 
 // Write implements io.Writer for the library.
 func (c *batchConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(p) > 0 && p[0] == opClose {
+		c.closeSent = true
+	}
 	if !c.holding {
 		return c.writeLocked(p)
 	}
@@ -62,13 +150,18 @@ func (c *batchConn) Write(p []byte) (int, error) {
 }
 
 func (c *batchConn) writeLocked(p []byte) (int, error) {
-	// Moving the deadline costs about as much as a small write, so it is
-	// moved only when less than 9/10 of the timeout is left.
+	c.touchDeadlineLocked()
+	return c.Conn.Write(p)
+}
+
+// touchDeadlineLocked makes sure the write deadline is at least 9/10 of
+// the timeout away. Moving the deadline costs about as much as a small
+// write, so it is moved only when less than that is left.
+func (c *batchConn) touchDeadlineLocked() {
 	if now := time.Now(); c.deadline.Sub(now) < c.timeout-c.timeout/10 {
 		c.deadline = now.Add(c.timeout)
 		_ = c.Conn.SetWriteDeadline(c.deadline)
 	}
-	return c.Conn.Write(p)
 }
 
 func (c *batchConn) flushLocked() error {

@@ -117,3 +117,97 @@ func TestBatchConn_Deadline(t *testing.T) {
 		t.Fatalf("deadline in %v, want about a minute", d)
 	}
 }
+
+// readTextFrames decodes b as unmasked final text frames (RFC 6455 §5.2).
+func readTextFrames(t *testing.T, b []byte) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for len(b) > 0 {
+		if len(b) < 2 || b[0] != 0x81 || b[1]&0x80 != 0 {
+			t.Fatalf("not an unmasked final text frame: % x", b[:min(len(b), 10)])
+		}
+		n, h := int(b[1]), 2
+		switch n {
+		case 126:
+			n, h = int(b[2])<<8|int(b[3]), 4
+			if n < 126 {
+				t.Fatalf("length %d in a 2-byte extended length", n)
+			}
+		case 127:
+			n, h = 0, 10
+			for _, c := range b[2:10] {
+				n = n<<8 | int(c)
+			}
+			if n <= 0xffff {
+				t.Fatalf("length %d in an 8-byte extended length", n)
+			}
+		}
+		if len(b) < h+n {
+			t.Fatalf("frame of %d bytes, %d left", n, len(b)-h)
+		}
+		out = append(out, b[h:h+n])
+		b = b[h+n:]
+	}
+	return out
+}
+
+func TestBatchConn_Frames(t *testing.T) {
+	rec := &recordingConn{}
+	c := &batchConn{Conn: rec, timeout: time.Minute, pool: newBatchPool()}
+	var want [][]byte
+	c.hold()
+	for _, n := range []int{0, 1, 125, 126, 1000, 0xffff, 0x10000, 200_000} {
+		p := bytes.Repeat([]byte{byte('a' + n%26)}, n)
+		want = append(want, p)
+		if n%2 == 0 {
+			if err := c.writeMessage(p); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		frame, body := appendTextFrame(n, func(b []byte) []byte { return append(b, p...) })
+		if !bytes.Equal(body, p) || !bytes.HasSuffix(frame, p) {
+			t.Fatalf("appendTextFrame(%d): body %d bytes", n, len(body))
+		}
+		if err := c.writeFrame(frame); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pong of the library's between two messages stays between them.
+	pong := []byte{0x8a, 0x00}
+	if _, err := c.Write(pong); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.writeMessage([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.release(); err != nil {
+		t.Fatal(err)
+	}
+	all := bytes.Join(rec.writes, nil)
+	i := bytes.Index(all, append(pong, 0x81, 5))
+	if i < 0 {
+		t.Fatal("the pong is not right before the last message")
+	}
+	got := readTextFrames(t, append(all[:i:i], all[i+len(pong):]...))
+	want = append(want, []byte("after"))
+	if len(got) != len(want) {
+		t.Fatalf("%d frames, want %d", len(got), len(want))
+	}
+	for k := range want {
+		if !bytes.Equal(got[k], want[k]) {
+			t.Fatalf("frame %d: %d bytes, want %d", k, len(got[k]), len(want[k]))
+		}
+	}
+	if len(rec.writes) > 8 {
+		t.Errorf("%d writes to the network for %d frames", len(rec.writes), len(want)+1)
+	}
+
+	// Once the library has sent its close frame, messages fail.
+	if _, err := c.Write([]byte{0x88, 0x02, 0x03, 0xe8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.writeMessage([]byte("late")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("message after the close frame: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"slices"
+	"time"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -58,4 +59,29 @@ func createSettings(settings map[string]json.RawMessage, h *session.Harness, egr
 		return nil, nil
 	}
 	return patch, nil
+}
+
+// settingsTaken reports whether the Settings of a session just created show
+// every setting of p, the settings its create request gave the node. A node
+// that predates session.PlaceRequest.Settings ignores them; a setting that
+// is its zero value shows the same either way, and setting it again changes
+// nothing.
+func settingsTaken(p *session.SettingsPatch, s *session.Settings) bool {
+	if s == nil {
+		s = &session.Settings{}
+	}
+	same := func(v *int64, have int64) bool { return v == nil || *v == have }
+	names := func(l []session.MCPServer) []string {
+		out := make([]string, len(l))
+		for i, m := range l {
+			out[i] = m.Name
+		}
+		return out
+	}
+	return (p.TurnTimeout == nil || *p.TurnTimeout == 0 && s.TurnTimeout == "" || time.Duration(*p.TurnTimeout).String() == s.TurnTimeout) &&
+		same(p.MemoryBytes, s.MemoryBytes) && same(p.DiskBytes, s.DiskBytes) &&
+		(p.Pids == nil || *p.Pids == s.Pids) &&
+		(p.InvokeConcurrency == nil || *p.InvokeConcurrency == s.InvokeConcurrency) &&
+		(p.Setup == nil || *p.Setup == s.Setup) &&
+		(p.MCPServers == nil || slices.Equal(names(*p.MCPServers), names(s.MCPServers)))
 }

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,8 @@ type fakeNode struct {
 	activations int                         // guarded by mu: PlaceActivate requests served
 	drop        int                         // guarded by mu: publications still to drop
 	cmds        []session.Command           // guarded by mu: commands received
+	// noPrompts: answer OpPrompts as a node that predates it; guarded by mu.
+	noPrompts bool
 }
 
 type fakeSession struct {
@@ -186,7 +189,7 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 	role := session.RoleFor(p, s.entry.Tenant, s.entry.Owner, s.entry.Members)
 	act := session.ActRead
 	switch cmd.Op {
-	case session.OpPrompt, session.OpCancel, session.OpApprove:
+	case session.OpPrompt, session.OpPrompts, session.OpCancel, session.OpApprove:
 		act = session.ActDrive
 	case session.OpMember, session.OpDelete:
 		act = session.ActManage
@@ -197,8 +200,26 @@ func (n *fakeNode) onCmd(id session.ID, m *nats.Msg) {
 	}
 	switch cmd.Op {
 	case session.OpPrompt:
+		if strings.TrimSpace(cmd.Text) == "" {
+			n.respondErr(m, session.Errorf(session.CodeBadRequest, "prompt text is empty"))
+			return
+		}
 		seq := n.appendLocked(s, session.KindMessage, user, session.MessageData{Text: cmd.Text, ClientID: cmd.ClientID})
 		n.respond(m, session.Reply{Seq: seq})
+	case session.OpPrompts:
+		if n.noPrompts {
+			n.respondErr(m, session.Errorf(session.CodeBadRequest, "unknown op %q", cmd.Op))
+			return
+		}
+		r := session.Reply{Results: make([]session.Reply, len(cmd.Prompts))}
+		for i, p := range cmd.Prompts {
+			if strings.TrimSpace(p.Text) == "" {
+				r.Results[i].Error = session.Errorf(session.CodeBadRequest, "prompt text is empty")
+				continue
+			}
+			r.Results[i].Seq = n.appendLocked(s, session.KindMessage, user, session.MessageData{Text: p.Text, ClientID: p.ClientID})
+		}
+		n.respond(m, r)
 	case session.OpCancel, session.OpApprove:
 		n.respond(m, session.Reply{})
 	case session.OpSecretSet, session.OpSecretDelete: // repository tasks (channels_task_test.go)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,6 +100,11 @@ func (m *replyMux) close() {
 type pending struct {
 	cmd      session.Command
 	clientID string // echoed in the ack or error frame
+	// items, when set, are the prompt frames this request carries together
+	// (cmd is then their OpPrompts); each is answered from its result.
+	// probe: the first OpPrompts of the connection (see promptsState).
+	items []*pending
+	probe bool
 	// token and reply are the request in flight; reply is nil when the
 	// command was not published, and the commander sends it.
 	token    string
@@ -112,12 +119,16 @@ type pending struct {
 
 // commander sends a WebSocket's commands (prompt, cancel, approve) to its
 // session and answers each with an ack or an error frame. It keeps the
-// order of the frames: while the session is active, the reader publishes
-// each command as its frame arrives, up to maxInFlight of them, and the
-// commander takes the replies in the same order. When a command finds no
-// actor serving the session (hibernated), the commander wakes it and sends
-// that command and every later one itself, one at a time in order, until it
-// has caught up; then the reader publishes again.
+// order of the frames: while the session is active, its publisher publishes
+// the commands the reader submitted, in frame order, up to maxInFlight of
+// them unanswered, and run takes the replies in the same order. Prompt
+// frames that queued up while the publisher was busy go in one request
+// (session.OpPrompts, up to session.MaxPromptsPerCommand): under load a
+// connection's prompts cost one NATS request and one reply per batch, not
+// per frame, and their acks leave in one write. When a command finds no
+// actor serving the session (hibernated), run wakes it and sends that
+// command and every later one itself, one at a time in order, until it has
+// caught up; then the publisher publishes again.
 //
 // The one reordering left: if another client wakes the session between two
 // of our publications, the first may fail (no responders, then retried)
@@ -127,14 +138,32 @@ type commander struct {
 	hdr    nats.Header     // the caller's principal; read-only
 	slots  chan struct{}   // capacity maxInFlight: commands not yet answered
 	queue  chan *pending   // capacity maxInFlight: in frame order
+	kick   chan struct{}   // capacity 1: submitted holds commands for publish
 	ctx    context.Context // ends with the connection
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
+	pubEnd chan struct{} // closed when publish returns
 
-	mu      sync.Mutex
-	direct  bool // guarded by mu: the reader publishes commands itself
-	stopped bool // guarded by mu: run has returned; nothing more is queued
+	mu        sync.Mutex
+	submitted []*pending   // guarded by mu: in frame order, not yet queued
+	direct    bool         // guarded by mu: the publisher publishes commands
+	prompts   promptsState // guarded by mu: whether the node takes OpPrompts
+	stopped   bool         // guarded by mu: run has returned; nothing more is queued
 }
+
+// promptsState is what a commander knows of its node's OpPrompts. Until
+// one was answered, the first is a probe: nothing is published after it
+// until its answer, so that a node that predates it (which refuses it while
+// it would append the prompts published after it) cannot reorder frames;
+// they are then sent one by one.
+type promptsState uint8
+
+const (
+	promptsUnknown promptsState = iota
+	promptsProbing              // one is in flight; the publisher waits
+	promptsTaken
+	promptsRefused
+)
 
 func newCommander(c *wsConn) *commander {
 	k := &commander{
@@ -142,15 +171,18 @@ func newCommander(c *wsConn) *commander {
 		hdr:    principalHeader(c.p),
 		slots:  make(chan struct{}, maxInFlight),
 		queue:  make(chan *pending, maxInFlight),
+		kick:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
+		pubEnd: make(chan struct{}),
 		direct: true,
 	}
 	k.ctx, k.cancel = context.WithCancel(c.s.ctx)
 	return k
 }
 
-// submit queues a command; called by the connection's reader, in frame
-// order. It waits while maxInFlight commands are unanswered.
+// submit hands a command to the publisher; called by the connection's
+// reader, in frame order. It waits while maxInFlight commands are
+// unanswered.
 func (k *commander) submit(p *pending) {
 	select {
 	case k.slots <- struct{}{}:
@@ -158,43 +190,113 @@ func (k *commander) submit(p *pending) {
 		return
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	if k.stopped {
+		k.mu.Unlock()
 		return
 	}
-	if k.direct {
-		p.deadline = time.Now().Add(k.c.s.reqTimeout)
-		data, err := json.Marshal(p.cmd)
-		if err == nil {
-			msg := &nats.Msg{Subject: k.c.s.subj.Cmd(k.c.id), Data: data, Header: k.hdr}
-			traceEnd := noEnd
-			if k.c.s.tracer != nil {
-				// Each frame's command carries its own trace context;
-				// the span covers the publication (the reply comes later).
-				msg.Header = maps.Clone(k.hdr)
-				_, traceEnd = k.c.s.traceRequest(k.ctx, msg, p.cmd)
-			}
-			// Follow the serving node before publishing: its lease may
-			// end before run awaits the reply.
-			var node string
-			if e, ok := k.c.s.cache.lookup(k.c.id); ok && e != nil {
-				node = e.Node
-			}
-			p.gone, p.unfollow = k.c.s.nodes.follow(k.ctx, node)
-			p.token, p.reply, err = k.c.s.replies.publish(msg)
-			traceEnd(err)
-		}
-		if err != nil {
-			p.reply = nil // run sends it, and reports the error if it persists.
-		}
+	k.submitted = append(k.submitted, p)
+	k.mu.Unlock()
+	select {
+	case k.kick <- struct{}{}:
+	default:
 	}
-	k.queue <- p // never blocks: a slot is held.
 }
 
-// stop ends run and waits for it.
+// publish is the commander's publisher: it queues the submitted commands for
+// run, in order, publishing them first while the session is active; the
+// prompts submitted meanwhile go together (see commander).
+func (k *commander) publish() {
+	defer close(k.pubEnd)
+	var spare []*pending
+	for {
+		select {
+		case <-k.ctx.Done():
+			return
+		case <-k.kick:
+		}
+		k.mu.Lock()
+		if k.stopped {
+			k.mu.Unlock()
+			return
+		}
+		cmds := k.submitted
+		k.submitted = spare[:0]
+		for i := 0; i < len(cmds); {
+			if k.prompts == promptsProbing {
+				// The rest waits for the probe's answer (run kicks).
+				k.submitted = append(k.submitted, cmds[i:]...)
+				break
+			}
+			p, n := cmds[i], 1
+			if k.direct && k.prompts != promptsRefused && p.cmd.Op == session.OpPrompt {
+				for i+n < len(cmds) && n < session.MaxPromptsPerCommand && cmds[i+n].cmd.Op == session.OpPrompt {
+					n++
+				}
+			}
+			if n > 1 {
+				p = promptsOf(cmds[i : i+n])
+				if k.prompts == promptsUnknown {
+					k.prompts, p.probe = promptsProbing, true
+				}
+			}
+			if k.direct {
+				k.publishLocked(p)
+			}
+			k.queue <- p // never blocks: each queued command holds a slot.
+			i += n
+		}
+		clear(cmds)
+		spare = cmds
+		k.mu.Unlock()
+	}
+}
+
+// promptsOf returns the request that carries the prompt frames ps.
+func promptsOf(ps []*pending) *pending {
+	items := slices.Clone(ps)
+	prompts := make([]session.PromptItem, len(items))
+	for i, it := range items {
+		prompts[i] = session.PromptItem{Text: it.cmd.Text, ClientID: it.cmd.ClientID}
+	}
+	return &pending{cmd: session.Command{Op: session.OpPrompts, Prompts: prompts}, items: items}
+}
+
+// publishLocked publishes p's command as a request; if it cannot, p.reply
+// stays nil and run sends it, and reports the error if it persists. k.mu
+// is held.
+func (k *commander) publishLocked(p *pending) {
+	p.deadline = time.Now().Add(k.c.s.reqTimeout)
+	data, err := json.Marshal(p.cmd)
+	if err != nil {
+		return
+	}
+	msg := &nats.Msg{Subject: k.c.s.subj.Cmd(k.c.id), Data: data, Header: k.hdr}
+	traceEnd := noEnd
+	if k.c.s.tracer != nil {
+		// Each request carries its own trace context; the span covers the
+		// publication (the reply comes later).
+		msg.Header = maps.Clone(k.hdr)
+		_, traceEnd = k.c.s.traceRequest(k.ctx, msg, p.cmd)
+	}
+	// Follow the serving node before publishing: its lease may end before
+	// run awaits the reply.
+	var node string
+	if e, ok := k.c.s.cache.lookup(k.c.id); ok && e != nil {
+		node = e.Node
+	}
+	p.gone, p.unfollow = k.c.s.nodes.follow(k.ctx, node)
+	p.token, p.reply, err = k.c.s.replies.publish(msg)
+	traceEnd(err)
+	if err != nil {
+		p.reply = nil
+	}
+}
+
+// stop ends run and the publisher and waits for them.
 func (k *commander) stop() {
 	k.cancel()
 	<-k.done
+	<-k.pubEnd
 }
 
 // run answers the queued commands in order until the connection ends.
@@ -230,28 +332,98 @@ func (k *commander) run() {
 		if p.unfollow != nil {
 			p.unfollow()
 		}
-		switch {
-		case errors.Is(err, errNodeGone) && !repeatable(p.cmd):
-			err = k.c.s.notRepeated(k.c.id, p.cmd, err)
-		case errors.Is(err, errNodeGone):
-			// Its node stopped while handling it: send it again, through
-			// call, which places the session if it must.
-			k.c.s.metrics.failovers.WithLabelValues(failoverRetried).Inc()
-			fallthrough
-		case errors.Is(err, nats.ErrNoResponders):
-			k.setDirect(false)
-			reply, err = k.c.s.call(k.ctx, k.c.p, k.c.id, p.cmd, true)
-		default:
-			err = natsError(err)
+		if p.items == nil {
+			k.settle(p, reply, err)
+			<-k.slots
+		} else {
+			k.settleItems(p, reply, err)
+			for range p.items {
+				<-k.slots
+			}
 		}
-		k.answer(p, reply, err)
-		<-k.slots
 		k.mu.Lock()
-		if !k.direct && len(k.queue) == 0 {
+		if !k.direct && len(k.queue) == 0 && len(k.submitted) == 0 {
 			k.direct = true
 		}
 		k.mu.Unlock()
 	}
+}
+
+// settle answers a command from the reply to its request, or sends it
+// again, or through call, as the request's error requires.
+func (k *commander) settle(p *pending, reply *session.Reply, err error) {
+	switch {
+	case errors.Is(err, errNodeGone) && !repeatable(p.cmd):
+		err = k.c.s.notRepeated(k.c.id, p.cmd, err)
+	case errors.Is(err, errNodeGone):
+		// Its node stopped while handling it: send it again, through
+		// call, which places the session if it must.
+		k.c.s.metrics.failovers.WithLabelValues(failoverRetried).Inc()
+		fallthrough
+	case errors.Is(err, nats.ErrNoResponders):
+		k.setDirect(false)
+		reply, err = k.c.s.call(k.ctx, k.c.p, k.c.id, p.cmd, true)
+	default:
+		err = natsError(err)
+	}
+	k.answer(p, reply, err)
+}
+
+// settleItems answers the prompts of an OpPrompts request from their
+// results. When the request as a whole failed, each prompt is settled as
+// if it had been sent alone with that error (sent again if its node
+// stopped and it has a client_id, through call if the session was not
+// active); a node that does not know OpPrompts gets them one by one.
+func (k *commander) settleItems(p *pending, reply *session.Reply, err error) {
+	if err == nil && len(reply.Results) != len(p.items) {
+		err = session.Errorf(session.CodeInternal, "session %s answered %d results to %d prompts", k.c.id, len(reply.Results), len(p.items))
+	}
+	if p.probe {
+		defer func() {
+			k.mu.Lock()
+			switch {
+			case err == nil:
+				k.prompts = promptsTaken
+			case unknownOp(err):
+				k.prompts = promptsRefused
+			default: // not known yet: the next OpPrompts probes again.
+				k.prompts = promptsUnknown
+			}
+			k.mu.Unlock()
+			select {
+			case k.kick <- struct{}{}:
+			default:
+			}
+		}()
+	}
+	if err == nil {
+		for i, it := range p.items {
+			r := &reply.Results[i]
+			if r.Error != nil {
+				k.answer(it, nil, r.Error)
+			} else {
+				k.answer(it, r, nil)
+			}
+		}
+		return
+	}
+	if unknownOp(err) {
+		for _, it := range p.items {
+			reply, err := k.c.s.call(k.ctx, k.c.p, k.c.id, it.cmd, true)
+			k.answer(it, reply, err)
+		}
+		return
+	}
+	for _, it := range p.items {
+		k.settle(it, nil, err)
+	}
+}
+
+// unknownOp reports whether err is a node's answer to an op it does not
+// know (one that predates it).
+func unknownOp(err error) bool {
+	var e *session.Error
+	return errors.As(err, &e) && e.Code == session.CodeBadRequest && strings.HasPrefix(e.Message, "unknown op")
 }
 
 func (k *commander) setDirect(v bool) {

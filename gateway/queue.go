@@ -19,6 +19,7 @@ type event struct {
 	kind   session.Kind
 	raw    json.RawMessage            // the event as the node encoded it
 	frame  []byte                     // {"type":"event","event":raw}, when built
+	wire   []byte                     // frame as a WebSocket text frame, header and all (frame is its tail)
 	member *session.MemberChangedData // the data of a member_changed event
 	recv   time.Time                  // when a live event arrived from NATS (fan-out lag)
 }
@@ -119,7 +120,9 @@ func internKind(b []byte) session.Kind {
 }
 
 func (ev *event) buildFrame() {
-	ev.frame = session.AppendEventFrame(make([]byte, 0, len(ev.raw)+len(`{"type":"event","event":}`)), ev.raw)
+	ev.wire, ev.frame = appendTextFrame(len(ev.raw)+len(`{"type":"event","event":}`), func(b []byte) []byte {
+		return session.AppendEventFrame(b, ev.raw)
+	})
 }
 
 // out is one item of a connection's send queue: an event, or a complete

@@ -32,10 +32,10 @@ func decodeReply(subj string, m *nats.Msg) (*session.Reply, error) {
 }
 
 // scanReply reads a reply object whose members are only "seq", "events",
-// "last_seq", "epoch" and "more", with the number and string values the
-// node writes (no escapes in the epoch). Events are not validated or
-// copied: they are the node's bytes, passed on as they are. It reports
-// false for anything else.
+// "last_seq", "epoch", "more" and "results" (replies that scanReply reads),
+// with the number and string values the node writes (no escapes in the
+// epoch). Events are not validated or copied: they are the node's bytes,
+// passed on as they are. It reports false for anything else.
 func scanReply(b []byte) (*session.Reply, bool) {
 	var r session.Reply
 	b, ok := bytes.CutPrefix(b, []byte{'{'})
@@ -90,6 +90,28 @@ func scanReply(b []byte) (*session.Reply, bool) {
 					return nil, false
 				}
 				r.Events = append(r.Events, json.RawMessage(b[:n:n]))
+				b = b[n:]
+				if b[0] == ',' {
+					b = b[1:]
+				}
+			}
+			if b, ok = bytes.CutPrefix(b, []byte{']'}); !ok {
+				return nil, false
+			}
+		case "results":
+			if b, ok = bytes.CutPrefix(b, []byte{'['}); !ok {
+				return nil, false
+			}
+			for len(b) > 0 && b[0] != ']' {
+				n := skipValue(b)
+				if n == 0 || n == len(b) {
+					return nil, false
+				}
+				res, ok := scanReply(b[:n])
+				if !ok {
+					return nil, false
+				}
+				r.Results = append(r.Results, *res)
 				b = b[n:]
 				if b[0] == ',' {
 					b = b[1:]

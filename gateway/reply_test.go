@@ -90,18 +90,21 @@ func TestDecodeReply(t *testing.T) {
 		data []byte
 		fast bool // scanReply reads it
 	}{
-		"ok":          {[]byte(`{}`), true},
-		"seq":         {encode(session.Reply{Seq: 42}), true},
-		"history":     {encode(session.Reply{Events: events, LastSeq: 99, Epoch: "ep0ch", More: true}), true},
-		"empty page":  {encode(session.Reply{LastSeq: 7, Epoch: "ep0ch"}), true},
-		"one event":   {encode(session.Reply{Events: events[:1], LastSeq: 1, Epoch: "e"}), true},
-		"session":     {encode(session.Reply{Session: &sess}), false},
-		"spaces":      {[]byte(`{"seq": 42}`), false},
-		"seq zero":    {[]byte(`{"seq":0}`), false},
-		"more false":  {[]byte(`{"more":false}`), false},
-		"bad epoch":   {[]byte(`{"epoch":"a\"b"}`), false},
-		"truncated":   {[]byte(`{"events":[{"seq":1}`), false},
-		"unknown key": {[]byte(`{"seq":1,"x":2}`), false},
+		"ok":           {[]byte(`{}`), true},
+		"seq":          {encode(session.Reply{Seq: 42}), true},
+		"history":      {encode(session.Reply{Events: events, LastSeq: 99, Epoch: "ep0ch", More: true}), true},
+		"empty page":   {encode(session.Reply{LastSeq: 7, Epoch: "ep0ch"}), true},
+		"one event":    {encode(session.Reply{Events: events[:1], LastSeq: 1, Epoch: "e"}), true},
+		"session":      {encode(session.Reply{Session: &sess}), false},
+		"spaces":       {[]byte(`{"seq": 42}`), false},
+		"seq zero":     {[]byte(`{"seq":0}`), false},
+		"more false":   {[]byte(`{"more":false}`), false},
+		"bad epoch":    {[]byte(`{"epoch":"a\"b"}`), false},
+		"truncated":    {[]byte(`{"events":[{"seq":1}`), false},
+		"unknown key":  {[]byte(`{"seq":1,"x":2}`), false},
+		"results":      {encode(session.Reply{Results: []session.Reply{{Seq: 3}, {Seq: 4}, {}}}), true},
+		"result error": {encode(session.Reply{Results: []session.Reply{{Seq: 3}, {Error: session.Errorf(session.CodeBadRequest, "x")}}}), false},
+		"results cut":  {[]byte(`{"results":[{"seq":1},{"seq":2}`), false},
 	} {
 		want := &session.Reply{}
 		if err := json.Unmarshal(c.data, want); err != nil {

@@ -72,15 +72,17 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p session
 	id := session.NewID()
 	reply, err := s.place(r.Context(), p, session.PlaceRequest{
 		Op: session.PlaceCreate, Session: id, Title: body.Title, Harness: body.Harness, Egress: body.Egress,
+		Settings: patch, // checked against the node's limits before anything is created
 	})
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	sess := reply.Session
-	if patch != nil {
-		// The settings the node checks against its limits: a refusal
-		// deletes the new session, whose id the caller never saw.
+	if patch != nil && (sess == nil || !settingsTaken(patch, sess.Settings)) {
+		// A node that predates PlaceRequest.Settings made the session
+		// without them: set them now. A refusal deletes the new session,
+		// whose id the caller never saw.
 		set, err := s.call(r.Context(), p, id, session.Command{Op: session.OpSettings, Settings: patch}, true)
 		if err == nil && set.Session == nil {
 			err = session.Errorf(session.CodeInternal, "settings reply of session %s has no session", id)

@@ -35,9 +35,14 @@ type wsConn struct {
 	// Owned by the writer goroutine.
 	holding bool   // conn holds a batch: flush releases it
 	scratch []byte // frame of a history event
-	// events is the events frame being gathered (batch only): history
-	// events since the last flush or other frame; empty when none.
+	// events is the events frame being gathered (batch only): events
+	// since the last flush or other frame; empty when none.
 	events []byte
+	// one is a live event held back (batch only, while events is empty):
+	// sent alone, in the frame built once for every watcher, unless more
+	// events follow in the same batch, which then go with it in one events
+	// frame.
+	one *event
 
 	// Owned by the reader goroutine.
 	cmds     *commander // nil until the first command
@@ -192,27 +197,35 @@ func (c *wsConn) run() (ending, error) {
 // gathered reach it. (A single larger event is a frame of its own.)
 const maxEventsFrameBytes = maxBatchBytes
 
-// event writes ev's frame: live events come with theirs, built once for
-// every watcher; a history event's is built in a scratch buffer or, when
-// the client takes batches, added to the events frame being gathered.
+// event writes ev's frame. When the client takes batches, events written
+// together (history, or live events the writer took from its queue at
+// once) go in events frames; a live event alone goes in its frame, built
+// once for every watcher. Otherwise a live event goes in that frame, and a
+// history event's is built in a scratch buffer.
 func (c *wsConn) event(ev *event) error {
-	if ev.frame != nil {
+	live := ev.frame != nil
+	if live {
 		c.s.metrics.fanoutLag.Observe(time.Since(ev.recv).Seconds())
-		return c.send(ev.frame)
 	}
 	if c.batch {
-		if len(c.events) > 0 && len(c.events)+len(ev.raw) >= maxEventsFrameBytes {
-			if err := c.sendEvents(); err != nil {
+		if live && c.one == nil && len(c.events) == 0 {
+			c.one = ev
+			return nil
+		}
+		if c.one != nil {
+			one := c.one
+			c.one = nil
+			if err := c.gather(one.raw); err != nil {
 				return err
 			}
 		}
-		if len(c.events) == 0 {
-			c.events = append(c.events, session.EventsFrameHead...)
-		} else {
-			c.events = append(c.events, ',')
+		return c.gather(ev.raw)
+	}
+	if live {
+		if err := c.sendEvents(); err != nil {
+			return err
 		}
-		c.events = append(c.events, ev.raw...)
-		return nil
+		return c.sendWire(ev.wire)
 	}
 	c.scratch = session.AppendEventFrame(c.scratch[:0], ev.raw)
 	err := c.send(c.scratch)
@@ -222,8 +235,31 @@ func (c *wsConn) event(ev *event) error {
 	return err
 }
 
-// sendEvents sends the events frame being gathered, if any.
+// gather adds raw to the events frame being gathered, sending it first if
+// raw would make it too big.
+func (c *wsConn) gather(raw []byte) error {
+	if len(c.events) > 0 && len(c.events)+len(raw) >= maxEventsFrameBytes {
+		if err := c.sendEvents(); err != nil {
+			return err
+		}
+	}
+	if len(c.events) == 0 {
+		c.events = append(c.events, session.EventsFrameHead...)
+	} else {
+		c.events = append(c.events, ',')
+	}
+	c.events = append(c.events, raw...)
+	return nil
+}
+
+// sendEvents sends the live event held back or the events frame being
+// gathered, if any.
 func (c *wsConn) sendEvents() error {
+	if c.one != nil {
+		wire := c.one.wire
+		c.one = nil
+		return c.sendWire(wire)
+	}
 	if len(c.events) == 0 {
 		return nil
 	}
@@ -242,9 +278,8 @@ func (c *wsConn) delta(b []byte) error { return c.send(b) }
 func (c *wsConn) heartbeat() error     { return nil }
 
 // send writes a message into the current batch, after the events frame
-// being gathered. The write has no context: a context that ends closes the
-// whole connection in coder/websocket, and one per message costs a timer.
-// The batchConn's write deadline bounds it.
+// being gathered. The write has no context (one per message would cost a
+// timer): the batchConn's write deadline bounds it.
 func (c *wsConn) send(b []byte) error {
 	if err := c.sendEvents(); err != nil {
 		return err
@@ -252,16 +287,30 @@ func (c *wsConn) send(b []byte) error {
 	return c.sendRaw(b)
 }
 
-// sendRaw is send without the events frame.
+// sendRaw is send without the events frame. Data messages bypass the
+// library's writer (batchConn.writeMessage).
 func (c *wsConn) sendRaw(b []byte) error {
+	c.holdBatch()
+	if err := c.conn.writeMessage(b); err != nil {
+		return &writeFailed{err: err}
+	}
+	return nil
+}
+
+// sendWire writes a complete frame built once for every watcher.
+func (c *wsConn) sendWire(frame []byte) error {
+	c.holdBatch()
+	if err := c.conn.writeFrame(frame); err != nil {
+		return &writeFailed{err: err}
+	}
+	return nil
+}
+
+func (c *wsConn) holdBatch() {
 	if !c.holding {
 		c.conn.hold()
 		c.holding = true
 	}
-	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
-		return &writeFailed{err: err}
-	}
-	return nil
 }
 
 // flush sends the batch.
@@ -365,6 +414,7 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 	if c.cmds == nil {
 		c.cmds = newCommander(c)
 		c.s.conns.Go(c.cmds.run) // legal: this reader is counted in conns.
+		c.s.conns.Go(c.cmds.publish)
 	}
 	c.cmds.submit(&pending{cmd: cmd, clientID: cid})
 }

@@ -111,6 +111,13 @@ const (
 	OpInfo    Op = "info"    // → Session (Role of the caller)
 	OpMember  Op = "member"  // User, Role → ok (RoleNone removes)
 	OpDelete  Op = "delete"  // → ok
+	// OpPrompts appends several prompts of one caller in one request,
+	// in order, each as OpPrompt would (Prompts → Results: one Reply per
+	// prompt, its Seq or its Error). Gateways send it when a WebSocket's
+	// prompt frames queue up (at most MaxPromptsPerCommand); the client's
+	// frames are the same. A node that predates it answers bad_request
+	// "unknown op", and the gateway then sends the prompts one by one.
+	OpPrompts Op = "prompts"
 	// OpSecretSet sets secret Name to Value (owner) → ok.
 	OpSecretSet Op = "secret_set"
 	// OpSecretDelete removes secret Name (owner) → ok; not_found if unset.
@@ -203,7 +210,18 @@ type Command struct {
 	Fork  *ForkRequest  `json:"fork,omitempty"`
 	// Settings is the change of OpSettings.
 	Settings *SettingsPatch `json:"settings,omitempty"`
+	// Prompts are the prompts of OpPrompts, in order.
+	Prompts []PromptItem `json:"prompts,omitempty"`
 }
+
+// PromptItem is one prompt of OpPrompts: OpPrompt's Text and ClientID.
+type PromptItem struct {
+	Text     string `json:"text"`
+	ClientID string `json:"client_id,omitempty"`
+}
+
+// MaxPromptsPerCommand bounds the prompts of one OpPrompts.
+const MaxPromptsPerCommand = 64
 
 // DefaultHistoryMaxBytes keeps a history reply well under NATS's default
 // 1 MiB max payload.
@@ -224,6 +242,8 @@ type Reply struct {
 	// Files and Fork answer OpFiles and OpFork (files.go).
 	Files *FilesReply `json:"files,omitempty"`
 	Fork  *ForkReply  `json:"fork,omitempty"`
+	// Results answers OpPrompts: one Reply per prompt, in order.
+	Results []Reply `json:"results,omitempty"`
 }
 
 // Err returns the reply's error or nil.
@@ -259,6 +279,12 @@ type PlaceRequest struct {
 	// Fork, on PlaceCreate, makes the new session a fork: its history is
 	// the parent's up to Fork.Seq (files.go).
 	Fork *ForkedFrom `json:"fork,omitempty"`
+	// Settings, on PlaceCreate, are the new session's own settings, as
+	// OpSettings takes them. The node checks them before it writes
+	// anything, so a refused setting creates nothing; the Session in the
+	// reply has them. (A node that predates this field ignores it: its
+	// reply's Session has no Settings.)
+	Settings *SettingsPatch `json:"settings,omitempty"`
 }
 
 // PresenceMessage is what a gateway publishes on the Presence subject: the

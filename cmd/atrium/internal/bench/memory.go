@@ -30,8 +30,16 @@ func (r *runner) memory(ctx context.Context) ([]Result, error) {
 type usage struct {
 	rss        int64 // bytes
 	heap       int64 // Go heap in use + goroutine stacks, bytes
+	// mapped is what the Go runtime holds from the OS (Sys less
+	// HeapReleased), bytes; RSS beyond it is memory allocated outside the
+	// Go runtime (SQLite's, through modernc.org/libc).
+	mapped int64
 	goroutines int
 	files      int
+	// threads are the process's OS threads. The Go runtime never ends
+	// one: each blocking system call (an fsync) that runs while the
+	// others are busy leaves one more, with its stacks.
+	threads int
 }
 
 // measureUsage collects garbage, returns freed memory to the OS and takes
@@ -43,32 +51,43 @@ func measureUsage() (usage, error) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	u.heap = int64(ms.HeapInuse + ms.StackInuse)
+	u.mapped = int64(ms.Sys - ms.HeapReleased)
 	u.goroutines = runtime.NumGoroutine()
 	fds, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return u, fmt.Errorf("count open files: %w", err)
 	}
 	u.files = len(fds)
-	u.rss, err = readRSS()
+	u.rss, u.threads, err = readStatus()
 	return u, err
 }
 
-// readRSS returns VmRSS from /proc/self/status.
-func readRSS() (int64, error) {
+// readStatus returns VmRSS and Threads from /proc/self/status.
+func readStatus() (rss int64, threads int, _ error) {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return 0, fmt.Errorf("read process status: %w", err)
+		return 0, 0, fmt.Errorf("read process status: %w", err)
 	}
+	found := 0
 	for line := range strings.Lines(string(b)) {
 		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("parse VmRSS %q: %w", v, err)
+				return 0, 0, fmt.Errorf("parse VmRSS %q: %w", v, err)
 			}
-			return kb << 10, nil
+			rss = kb << 10
+			found++
+		} else if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			if threads, err = strconv.Atoi(strings.TrimSpace(v)); err != nil {
+				return 0, 0, fmt.Errorf("parse Threads %q: %w", v, err)
+			}
+			found++
 		}
 	}
-	return 0, errors.New("no VmRSS in /proc/self/status")
+	if found != 2 {
+		return 0, 0, errors.New("no VmRSS or Threads in /proc/self/status")
+	}
+	return rss, threads, nil
 }
 
 // settledUsage measures until goroutines and open files stop changing
@@ -215,7 +234,8 @@ func (r *runner) memoryHibernated(ctx context.Context) (_ []Result, err error) {
 		{
 			Scenario: ScenarioMemory, Measure: "server RSS per hibernated session", Unit: "KiB",
 			Value: float64(after.rss-before.rss) / fn / 1024,
-			Note:  fmt.Sprintf("Go heap+stacks %.1f KiB per session", float64(after.heap-before.heap)/fn/1024),
+			Note: fmt.Sprintf("Go heap+stacks %.1f KiB, Go runtime's memory %.1f KiB per session; %d → %d OS threads",
+				float64(after.heap-before.heap)/fn/1024, float64(after.mapped-before.mapped)/fn/1024, before.threads, after.threads),
 		},
 	}
 	r.progress("memory: %d hibernated sessions: %+d goroutines, %+d open files, %.1f KiB RSS each", n, dg, df, rows[2].Value)

@@ -701,6 +701,13 @@ func newProc(t testing.TB, name string, roles []string, port int, dataDir string
 		if t.Failed() {
 			t.Logf("=== %s (%s) output:\n%s", p.Name, p.cfgPath, p.Log())
 		}
+		if dir := os.Getenv("ATRIUM_CLUSTER_LOGS"); dir != "" {
+			// Every process's output, kept for reading a run that passed.
+			name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"."+p.Name+".log")
+			if err := os.WriteFile(name, []byte(p.Log()), 0o644); err != nil {
+				t.Logf("keep the output of %s: %v", p.Name, err)
+			}
+		}
 	})
 	return p
 }

@@ -1,0 +1,110 @@
+package gateway_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// TestWS_PromptBatches: prompt frames that queue up on one WebSocket go to
+// the session together (session.OpPrompts), and each is still answered on
+// its own, in frame order: an ack with its seq for a prompt, an error frame
+// with its client_id for a prompt the session refuses. (client_id
+// deduplication within a batch is the node's: actor's TestPrompts_Batch.) Against a node that predates
+// OpPrompts the gateway sends them one by one, with the same answers.
+func TestWS_PromptBatches(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		name := "node with prompts"
+		if old {
+			name = "node without prompts"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.node.mu.Lock()
+			e.node.noPrompts = old
+			e.node.mu.Unlock()
+			s := e.create("alice", "batches")
+			c := e.dial(s.ID, "alice", 0)
+			c.nextOf(session.FrameHello)
+			c.events(1)
+
+			// Bursts of frames until one burst reached the node as
+			// OpPrompts (a burst the publisher takes in one go): bounded
+			// by a deadline, not by luck in one round.
+			deadline := time.Now().Add(waitTimeout)
+			for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
+				if time.Now().After(deadline) {
+					t.Fatalf("no prompt frames were sent together in %d bursts", round)
+				}
+				burst(t, e, c, s.ID, "r"+strconv.Itoa(round))
+			}
+		})
+	}
+}
+
+// burst sends 40 prompt frames at once, among them a blank prompt the node
+// refuses, and checks every answer.
+func burst(t *testing.T, e *env, c *wsClient, id session.ID, name string) {
+	t.Helper()
+	first := session.Seq(len(e.node.Events(id)) + 1)
+	const n = 40
+	type sent struct {
+		cid   string
+		blank bool
+	}
+	var frames []sent
+	for i := range n {
+		f := sent{cid: name + "-" + strconv.Itoa(i), blank: i == 20}
+		frames = append(frames, f)
+		text := "batched " + strconv.Itoa(i)
+		if f.blank {
+			text = "   "
+		}
+		c.send(map[string]string{"type": "prompt", "text": text, "client_id": f.cid})
+	}
+	// Answers come in frame order: acks and errors alike.
+	seqs := make([]session.Seq, n)
+	next := first
+	for i := 0; i < n; {
+		fr := c.next()
+		switch fr["type"] {
+		case session.FrameAck, session.FrameError:
+		default:
+			continue
+		}
+		f := frames[i]
+		if got := fr["client_id"]; got != f.cid {
+			t.Fatalf("answer %d is for %v, want %s: answers out of frame order (%v)", i, got, f.cid, fr)
+		}
+		switch {
+		case f.blank:
+			if fr["type"] != session.FrameError || fr["code"] != string(session.CodeBadRequest) {
+				t.Fatalf("blank prompt %d answered %v, want a bad_request error", i, fr)
+			}
+		case fr["type"] != session.FrameAck:
+			t.Fatalf("prompt %d answered %v", i, fr)
+		default:
+			seqs[i] = session.Seq(fr["seq"].(float64))
+			if seqs[i] != next {
+				t.Fatalf("prompt %d acked at %d, want %d", i, seqs[i], next)
+			}
+			next++
+		}
+		i++
+	}
+	evs := e.node.Events(id)
+	if got, want := len(evs), int(next-1); got != want {
+		t.Fatalf("history has %d events, want %d", got, want)
+	}
+	for i, f := range frames {
+		if seqs[i] == 0 {
+			continue
+		}
+		if ev := string(evs[seqs[i]-1]); !strings.Contains(ev, `"client_id":"`+f.cid+`"`) || !strings.Contains(ev, `"batched `+strconv.Itoa(i)+`"`) {
+			t.Fatalf("event %d is %s, want prompt %d", seqs[i], ev, i)
+		}
+	}
+}
