@@ -20,7 +20,7 @@ build: ## Build bin/atrium.
 .PHONY: run
 run: build ## Build and run Atrium on the embedded defaults (embedded NATS, local store, local sandboxes).
 	@echo "Starting: $(BIN) dev --listen $(LISTEN) --data $(DATA)"
-	./$(BIN) dev --listen $(LISTEN) --data $(DATA)
+	@./$(BIN) dev --listen $(LISTEN) --data $(DATA)
 
 .PHONY: test
 test: ## Run every test (installs bubblewrap first if it is missing and you are root).

@@ -912,7 +912,7 @@ func (s *Server) openCompute(cfg Config) (computeWiring, error) {
 	log := cfg.Logger.With("component", "sandbox")
 	switch cfg.Sandbox.Provider {
 	case ProviderLocal:
-		resolveSandboxDefaults(&cfg.Sandbox, filepath.Join(cfg.DataDir, "sandboxes"), cfg.UnsafeNoSandbox, log)
+		resolveSandboxDefaults(&cfg.Sandbox, cfg.DataDir, cfg.UnsafeNoSandbox, log)
 		p, err := local.New(local.Config{
 			Dir:            filepath.Join(cfg.DataDir, "sandboxes"),
 			Unsafe:         cfg.UnsafeNoSandbox,
