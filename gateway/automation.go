@@ -96,7 +96,7 @@ func mountAutomation(s *Server, mux *http.ServeMux, cfg Config) (*automation, er
 	if a.dlq == nil {
 		a.dlq, err = retryStartup(ctx, s.log, "open the dead-letter bucket", func(ctx context.Context) (*dlq.Queue, error) {
 			return dlq.Open(ctx, dlq.Config{JetStream: js, Bucket: prefix + "_dlq", Replicas: ac.Replicas,
-				Logger: s.log.With("component", "dlq")})
+				Logger: s.log.With("worker", "dlq")})
 		})
 		if err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
@@ -105,7 +105,7 @@ func mountAutomation(s *Server, mux *http.ServeMux, cfg Config) (*automation, er
 	sc := ac.Schedule
 	sc.JetStream, sc.Prefix, sc.Replicas = js, prefix, ac.Replicas
 	sc.Sessions, sc.DLQ, sc.Instance = scheduleSessions{s}, a.dlq, s.id
-	sc.Logger = s.log.With("component", "scheduler")
+	sc.Logger = s.log.With("worker", "scheduler")
 	sc.Audit = s.record
 	a.sched, err = retryStartup(ctx, s.log, "open the schedule buckets", func(ctx context.Context) (*schedule.Scheduler, error) {
 		return schedule.Open(ctx, sc)

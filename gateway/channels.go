@@ -69,7 +69,7 @@ func mountChannels(s *Server, mux *http.ServeMux, cfg *Channels) (*channels, err
 	sc.NATS, sc.Subjects, sc.Sessions, sc.Gateway = s.nc, s.subj, chatSessions{s}, s.id
 	sc.Replicas = cmp.Or(sc.Replicas, s.replicas)
 	sc.Tasks = chatTasks{s}
-	sc.Logger = s.log.With("component", "channels")
+	sc.Logger = s.log.With("worker", "channels")
 	if cfg.Hooks != nil {
 		hc := *cfg.Hooks
 		hc.NATS, hc.Prefix, hc.Logger = s.nc, s.subj.Prefix, sc.Logger

@@ -44,7 +44,7 @@ func mountTasks(s *Server, mux *http.ServeMux, cfg *Tasks) (*task.Service, error
 	tc := cfg.Service
 	tc.NATS, tc.Subjects, tc.Sessions = s.nc, s.subj, taskSessions{chatSessions{s}}
 	tc.Replicas = cmp.Or(tc.Replicas, s.replicas)
-	tc.Logger = s.log.With("component", "tasks")
+	tc.Logger = s.log.With("worker", "tasks")
 	tc.Audit = s.record
 	svc, err := task.New(context.Background(), tc)
 	if err != nil {
