@@ -189,13 +189,13 @@ func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error
 // (not a write error) ended it, that error for the client. Whatever waits in
 // the queue is written as one batch.
 func (f *feed) pump(ctx context.Context, to sink) (ending, error) {
+	// ctx's end reaches the writer through its queue, so that waiting for
+	// the next batch is one channel receive, not a select.
+	stop := context.AfterFunc(ctx, func() { f.w.q.finish(f.s.shutdownEnding()) })
+	defer stop()
 	var spare []out // the last batch's slice, handed back to the queue
 	for {
-		select {
-		case <-ctx.Done():
-			return f.s.shutdownEnding(), nil
-		case <-f.w.q.wake:
-		}
+		<-f.w.q.wake
 		items, end, heartbeat := f.w.q.take(spare)
 		for _, it := range items {
 			var err error
