@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/atriumhq/atrium/actor"
-	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/storage/sqlite"
 	"github.com/nats-io/nats-server/v2/server"
@@ -42,37 +41,10 @@ func (n *affinityNode) holds(id session.ID) bool {
 // directory; Cleanup closes it (again, if the test did).
 func startAffinityNode(t testing.TB, ns *server.Server, id string, hibernateAfter time.Duration) *affinityNode {
 	t.Helper()
-	quiet := testLogger()
-	p, err := local.New(local.Config{Dir: t.TempDir(), Bwrap: "/usr/bin/bwrap", Logger: quiet})
-	if err != nil {
-		t.Fatalf("local compute: %v", err)
-	}
-	n := &affinityNode{id: id, dir: &sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories-"+id), Logger: quiet}}
-	n.host, err = actor.New(actor.Config{
-		NATS:           connectNATS(t, ns),
-		Histories:      histories{n.dir},
-		Provider:       p,
-		NodeID:         id,
-		HibernateAfter: hibernateAfter,
-		CancelGrace:    time.Second,
-		DrainGrace:     100 * time.Millisecond,
-		Logger:         quiet.With("node", id),
-	})
-	if err != nil {
-		t.Fatalf("node %s: %v", id, err)
-	}
-	if err := n.host.Start(context.Background()); err != nil {
-		t.Fatalf("start node %s: %v", id, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := n.host.Close(ctx); err != nil {
-			t.Errorf("close node %s: %v", id, err)
-		}
-		if err := p.Close(ctx); err != nil {
-			t.Errorf("close compute: %v", err)
-		}
+	n := &affinityNode{id: id, dir: &sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories-"+id), Logger: testLogger()}}
+	n.host = startNodeWith(t, ns, func(c *actor.Config) {
+		c.Histories, c.NodeID, c.HibernateAfter = histories{n.dir}, id, hibernateAfter
+		c.SecretKeys, c.DrainGrace, c.Logger = nil, 100*time.Millisecond, c.Logger.With("node", id)
 	})
 	return n
 }

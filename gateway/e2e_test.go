@@ -57,32 +57,47 @@ func testSecretKeys(t testing.TB) *session.SecretKeyring {
 // startNode runs a real node on ns; Cleanup closes it.
 func startNode(t testing.TB, ns *server.Server, hibernateAfter time.Duration) *actor.Host {
 	t.Helper()
+	return startNodeWith(t, ns, func(c *actor.Config) { c.HibernateAfter = hibernateAfter })
+}
+
+// startNodeWith runs a real node on ns (local bubblewrap sandboxes, SQLite
+// histories in a temp dir, node id n1, a secrets keyring, quiet logs), its
+// config changed by tune (nil: none) before it starts; Cleanup closes it and
+// its sandboxes. Every gateway test that needs a node starts it here.
+func startNodeWith(t testing.TB, ns *server.Server, tune func(*actor.Config)) *actor.Host {
+	t.Helper()
 	quiet := testLogger()
 	p, err := local.New(local.Config{Dir: t.TempDir(), Bwrap: "/usr/bin/bwrap", Logger: quiet})
 	if err != nil {
 		t.Fatalf("local compute: %v", err)
 	}
-	h, err := actor.New(actor.Config{
+	cfg := actor.Config{
 		NATS:           connectNATS(t, ns),
 		Histories:      histories{&sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories"), Logger: quiet}},
 		Provider:       p,
 		NodeID:         "n1",
-		HibernateAfter: hibernateAfter,
+		HibernateAfter: time.Minute,
 		CancelGrace:    time.Second,
 		SecretKeys:     testSecretKeys(t),
 		Logger:         quiet,
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	h, err := actor.New(cfg)
 	if err != nil {
-		t.Fatalf("node: %v", err)
+		p.Close(context.Background())
+		t.Fatalf("node %s: %v", cfg.NodeID, err)
 	}
 	if err := h.Start(context.Background()); err != nil {
-		t.Fatalf("start node: %v", err)
+		p.Close(context.Background())
+		t.Fatalf("start node %s: %v", cfg.NodeID, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := h.Close(ctx); err != nil {
-			t.Errorf("close node: %v", err)
+			t.Errorf("close node %s: %v", cfg.NodeID, err)
 		}
 		if err := p.Close(ctx); err != nil {
 			t.Errorf("close compute: %v", err)

@@ -8,14 +8,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +25,6 @@ import (
 	"github.com/atriumhq/atrium/compute/mount"
 	"github.com/atriumhq/atrium/session"
 	"github.com/atriumhq/atrium/storage/blob"
-	"github.com/atriumhq/atrium/storage/sqlite"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -49,48 +46,19 @@ func newFilesEnv(t *testing.T, tune func(*actor.Config)) filesEnv {
 
 func startFilesNode(t testing.TB, ns *server.Server, store blob.Store, tune func(*actor.Config)) *actor.Host {
 	t.Helper()
-	quiet := testLogger()
-	p, err := local.New(local.Config{Dir: t.TempDir(), Bwrap: "/usr/bin/bwrap", Logger: quiet})
-	if err != nil {
-		t.Fatalf("local compute: %v", err)
-	}
-	cfg := actor.Config{
-		NATS:           connectNATS(t, ns),
-		Histories:      histories{&sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories"), Logger: quiet}},
-		Provider:       p,
-		NodeID:         "n1",
-		HibernateAfter: time.Minute,
-		CancelGrace:    time.Second,
-		Logger:         quiet,
-		Store:          store,
-		WorkspaceOf: func(sb compute.Sandbox) (mount.Workspace, error) {
+	return startNodeWith(t, ns, func(c *actor.Config) {
+		c.SecretKeys = nil
+		c.Store = store
+		c.WorkspaceOf = func(sb compute.Sandbox) (mount.Workspace, error) {
 			d := sb.(*local.Sandbox).Workspace()
 			d.Blob = store
 			return d, nil
-		},
-		Files: actor.FilesConfig{TempDir: t.TempDir()},
-	}
-	if tune != nil {
-		tune(&cfg)
-	}
-	h, err := actor.New(cfg)
-	if err != nil {
-		t.Fatalf("node: %v", err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatalf("start node: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := h.Close(ctx); err != nil {
-			t.Errorf("close node: %v", err)
 		}
-		if err := p.Close(ctx); err != nil {
-			t.Errorf("close compute: %v", err)
+		c.Files = actor.FilesConfig{TempDir: t.TempDir()}
+		if tune != nil {
+			tune(c)
 		}
 	})
-	return h
 }
 
 func filesPath(id session.ID, p string) string { return "/v1/sessions/" + string(id) + "/files/" + p }

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -10,13 +9,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/atriumhq/atrium/actor"
 	"github.com/atriumhq/atrium/compute"
-	"github.com/atriumhq/atrium/compute/local"
 	"github.com/atriumhq/atrium/session"
-	"github.com/atriumhq/atrium/storage/sqlite"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -76,38 +72,7 @@ func (f scriptedAgents) Launch(name string, _ session.ID, ep compute.ModelEndpoi
 // startAgentNode is startNode with the scripted agent installed as "fake".
 func startAgentNode(t testing.TB, ns *server.Server) {
 	t.Helper()
-	quiet := testLogger()
-	p, err := local.New(local.Config{Dir: t.TempDir(), Bwrap: "/usr/bin/bwrap", Logger: quiet})
-	if err != nil {
-		t.Fatalf("local compute: %v", err)
-	}
-	h, err := actor.New(actor.Config{
-		NATS:           connectNATS(t, ns),
-		Histories:      histories{&sqlite.Dir{Path: filepath.Join(t.TempDir(), "histories"), Logger: quiet}},
-		Provider:       p,
-		NodeID:         "n1",
-		HibernateAfter: time.Minute,
-		CancelGrace:    time.Second,
-		SecretKeys:     testSecretKeys(t),
-		Agents:         scriptedAgents{dir: scriptedAgentDir(t)},
-		Logger:         quiet,
-	})
-	if err != nil {
-		t.Fatalf("node: %v", err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatalf("start node: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := h.Close(ctx); err != nil {
-			t.Errorf("close node: %v", err)
-		}
-		if err := p.Close(ctx); err != nil {
-			t.Errorf("close compute: %v", err)
-		}
-	})
+	startNodeWith(t, ns, func(c *actor.Config) { c.Agents = scriptedAgents{dir: scriptedAgentDir(t)} })
 }
 
 // TestInvoke_AgentEvents: an invoke of an agent session streams the agent
