@@ -122,7 +122,8 @@ func (s *Server) call(ctx context.Context, p session.Principal, id session.ID, c
 			// The node refused for a condition it knows will not pass in
 			// the next seconds (its JetStream store is full): the client
 			// hears why at once, with Retry-After, instead of after the
-			// place retries.
+			// place retries. Another node would meet the same store: the
+			// nodes of a cluster share one JetStream.
 			s.metrics.placeRefusals.WithLabelValues(placeRefusalLasting).Inc()
 			return nil, natsError(err)
 		}
