@@ -201,6 +201,10 @@ type Server struct {
 	inv           *invokes   // invoke caps and tenant quotas
 	tasks         *tasker    // nil without Config.Tasks
 
+	// prompts sends the REST prompts to one session together
+	// (promptbatch.go).
+	prompts promptBatcher
+
 	// auto runs schedules and dead letters (automation.go); nil if
 	// Config.Automation.Disabled.
 	auto *automation

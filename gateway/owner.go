@@ -240,6 +240,7 @@ func (s *Server) notRepeated(id session.ID, cmd session.Command, err error) erro
 //	member         yes    idempotent: sets the user's role to a value
 //	egress         yes    idempotent: replaces the allowlist with a value
 //	prompt         if a client_id: the new owner dedups it (same seq); without one it could be queued twice
+//	prompts        if every prompt has a client_id, as prompt
 //	delete         no     applied once, the retry would answer not_found
 //	secret_set     no     a value another caller set meanwhile would be overwritten; the secrets list shows whether it was applied
 //	secret_delete  no     applied once, the retry would answer not_found
@@ -253,6 +254,13 @@ func repeatable(cmd session.Command) bool {
 		return true
 	case session.OpPrompt:
 		return cmd.ClientID != ""
+	case session.OpPrompts:
+		for _, p := range cmd.Prompts {
+			if p.ClientID == "" {
+				return false
+			}
+		}
+		return len(cmd.Prompts) > 0
 	}
 	return false
 }

@@ -1,8 +1,11 @@
 package gateway_test
 
 import (
+	"encoding/json"
+	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +108,80 @@ func burst(t *testing.T, e *env, c *wsClient, id session.ID, name string) {
 		}
 		if ev := string(evs[seqs[i]-1]); !strings.Contains(ev, `"client_id":"`+f.cid+`"`) || !strings.Contains(ev, `"batched `+strconv.Itoa(i)+`"`) {
 			t.Fatalf("event %d is %s, want prompt %d", seqs[i], ev, i)
+		}
+	}
+}
+
+// TestREST_PromptBatches: POST …/messages requests that arrive together
+// for one session go to it in OpPrompts requests, and each is still
+// answered on its own: 202 with its own seq, or the node's refusal of its
+// prompt alone. Against a node that predates OpPrompts they are sent one by
+// one, with the same answers.
+func TestREST_PromptBatches(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		name := "node with prompts"
+		if old {
+			name = "node without prompts"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.node.mu.Lock()
+			e.node.noPrompts = old
+			e.node.mu.Unlock()
+			s := e.create("alice", "rest batches")
+			deadline := time.Now().Add(waitTimeout)
+			for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
+				if time.Now().After(deadline) {
+					t.Fatalf("no prompts were sent together in %d rounds", round)
+				}
+				restBurst(t, e, s.ID, "r"+strconv.Itoa(round))
+			}
+		})
+	}
+}
+
+// restBurst posts 32 prompts at once, one of them blank (the node refuses
+// it), and checks every answer against the history.
+func restBurst(t *testing.T, e *env, id session.ID, name string) {
+	t.Helper()
+	const n = 32
+	type answer struct {
+		status int
+		body   []byte
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			text := "posted " + name + "-" + strconv.Itoa(i)
+			if i == 7 {
+				text = "   "
+			}
+			st, body := e.call("POST", "/v1/sessions/"+string(id)+"/messages", "alice",
+				map[string]string{"text": text, "client_id": name + "-" + strconv.Itoa(i)})
+			answers[i] = answer{st, body}
+		})
+	}
+	wg.Wait()
+	evs := e.node.Events(id)
+	seen := map[session.Seq]bool{}
+	for i, a := range answers {
+		if i == 7 {
+			if a.status != http.StatusBadRequest || !strings.Contains(string(a.body), "prompt text is empty") {
+				t.Fatalf("blank prompt: %d %s, want 400", a.status, a.body)
+			}
+			continue
+		}
+		var acc struct{ Seq session.Seq }
+		if a.status != http.StatusAccepted || json.Unmarshal(a.body, &acc) != nil || acc.Seq < 1 || int(acc.Seq) > len(evs) {
+			t.Fatalf("prompt %d: %d %s", i, a.status, a.body)
+		}
+		if seen[acc.Seq] {
+			t.Fatalf("prompt %d got seq %d, given before", i, acc.Seq)
+		}
+		seen[acc.Seq] = true
+		if ev := string(evs[acc.Seq-1]); !strings.Contains(ev, `"posted `+name+"-"+strconv.Itoa(i)+`"`) {
+			t.Fatalf("seq %d of prompt %d is %s", acc.Seq, i, ev)
 		}
 	}
 }

@@ -202,10 +202,21 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request, p session.P
 		s.refuse(w, r, err)
 		return
 	}
-	reply, err := s.do(r, p, id, session.ActDrive, session.Command{
-		Op: session.OpPrompt, Text: body.Text, ClientID: body.ClientID,
-	})
+	cmd := session.Command{Op: session.OpPrompt, Text: body.Text, ClientID: body.ClientID}
+	ctx := r.Context()
+	a, err := s.check(ctx, p, id, session.ActDrive)
 	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// As s.do, but sent with the prompts that other requests make to the
+	// session meanwhile (promptbatch.go).
+	reply, err := s.prompt(ctx, p, id, cmd, a.allowed())
+	if errors.Is(err, errNotActive) {
+		err = a.notActive()
+	}
+	if err != nil {
+		s.auditDenied(ctx, remoteOf(r), p, id, string(cmd.Op), a.entry, err)
 		s.fail(w, r, err)
 		return
 	}
