@@ -25,6 +25,55 @@ type opener struct {
 	h   *Host
 	id  session.ID
 	log *slog.Logger
+
+	// pre is the history opened while the lease was being acquired, for
+	// the continued path of waking (openLocal); nil if none.
+	pre *preOpened
+}
+
+// preOpened is the result of opening the local history beside the lease.
+type preOpened struct {
+	hist History
+	err  error
+}
+
+// openBeside opens the local history on a goroutine of s while the lease
+// is acquired: a session waking on the node that released it last (the
+// lease is continued, the common case) then waits for one round trip to
+// the lease's bucket or for the file, whichever is slower, not for both.
+// Opening touches nothing another node could own (the file is this
+// node's) and writes nothing; keep or drop the result once the lease is
+// known.
+func (o *opener) openBeside(ctx context.Context, s *sessionActor) <-chan preOpened {
+	c := make(chan preOpened, 1)
+	s.spawn(func() {
+		hist, err := o.h.cfg.Histories.Open(ctx, o.id)
+		c <- preOpened{hist, err}
+	})
+	return c
+}
+
+// keepPre keeps p for openLocal if the lease l is continued (the file is
+// current); otherwise it closes p's history, which the takeover path
+// opens again after comparing it with the stream.
+func (o *opener) keepPre(l *lease, p preOpened) {
+	if l != nil && l.continued {
+		o.pre = &p
+		return
+	}
+	if p.hist != nil {
+		p.hist.Close()
+	}
+}
+
+// openLocal opens the local history: the one opened beside the lease, if
+// kept, or now.
+func (o *opener) openLocal(ctx context.Context) (History, error) {
+	if p := o.pre; p != nil {
+		o.pre = nil
+		return p.hist, p.err
+	}
+	return o.h.cfg.Histories.Open(ctx, o.id)
 }
 
 // subscribe subscribes the Cmd subject and waits until the server has it.

@@ -401,9 +401,18 @@ func (s *sessionActor) startOpen(create *placeMsg) {
 		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
 		defer cancel()
 		var ho *handoff
+		var pre <-chan preOpened
+		if create == nil {
+			// Local SQLite reads: a cancellable context would cost modernc
+			// a goroutine per statement (see storage/sqlite's doc).
+			pre = s.opener.openBeside(context.WithoutCancel(ctx), s)
+		}
 		// The lease comes first: only its holder may subscribe (a second
-		// responder would answer the owner's requests) or touch the file.
+		// responder would answer the owner's requests) or write the file.
 		l, err := s.h.acquireLease(ctx, s.id, func() { s.send(&leaseLost{why: "the node's lease could not be renewed in time"}) })
+		if pre != nil {
+			s.opener.keepPre(l, <-pre)
+		}
 		if err != nil {
 			ho = &handoff{err: err}
 		} else if create != nil {

@@ -65,7 +65,7 @@ func (o *opener) syncWithStream(ctx context.Context, continued bool) (History, e
 		// This node released the lease last and nobody held it since:
 		// everything it committed was captured before it let go, so the
 		// file is current. The fast path of waking: no stream lookup.
-		hist, err := h.cfg.Histories.Open(ctx, o.id)
+		hist, err := o.openLocal(ctx)
 		if err == nil || !errors.Is(err, session.ErrNotFound) {
 			return hist, err
 		}
