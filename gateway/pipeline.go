@@ -468,8 +468,7 @@ func (k *commander) answer(p *pending, reply *session.Reply, err error) {
 		return
 	}
 	if p.cmd.Op == session.OpPrompt {
-		ack, _ := json.Marshal(session.AckFrame{Type: session.FrameAck, ClientID: p.cmd.ClientID, Seq: reply.Seq})
-		c.reply(ack)
+		c.reply(ackFrame(p.cmd.ClientID, reply.Seq))
 	}
 }
 

@@ -348,7 +348,9 @@ func (c *wsConn) handle(typ websocket.MessageType, data []byte) {
 		return
 	}
 	var f session.ClientFrame
-	if err := json.Unmarshal(data, &f); err != nil {
+	if text, cid, ok := scanPromptFrame(data); ok {
+		f = session.ClientFrame{Type: session.FramePrompt, Text: text, ClientID: cid}
+	} else if err := json.Unmarshal(data, &f); err != nil {
 		c.reply(errorFrame(session.Errorf(session.CodeBadRequest, "malformed JSON frame: %v", err), clientID(f.ClientID)))
 		return
 	}
