@@ -342,6 +342,10 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request, fence int64)
 		MemoryBytes: req.MemoryBytes, Pids: req.Pids, Network: req.Network, Egress: req.Egress,
 	}
 	s.dropSuspended(r.Context(), req.Suspended)
+	// An open follows a wake: the connections kept for presigned URLs
+	// (through the VM host's proxy) did not survive the VM's sleep, and
+	// a PUT on a dead one fails without a retry.
+	s.objects.CloseIdleConnections()
 	mounts, err := s.makeMounts(req.Session, req.Mounts)
 	if err != nil {
 		writeError(w, err)

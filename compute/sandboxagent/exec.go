@@ -153,6 +153,9 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request, _ int64) 
 		s.fail(w, r, session.Errorf(session.CodeUnavailable, "suspend commands: %v", err))
 		return
 	}
+	// The VM is about to sleep: its kept connections would be dead after
+	// the wake.
+	s.objects.CloseIdleConnections()
 	s.log.Info("commands suspended", "session", string(s.boundSession()), "commands", len(xs))
 	writeJSON(w, http.StatusOK, map[string]int{"suspended": len(xs)})
 }
