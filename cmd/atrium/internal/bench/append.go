@@ -151,8 +151,6 @@ func (r *runner) appendREST(ctx context.Context, c *client, id session.ID, d tim
 // acknowledged. Each connection also receives every event, as any client
 // of the session does.
 func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.Duration) (*Histogram, int64, error) {
-	h := NewHistogram()
-	var acked atomic.Int64
 	cur, err := c.getSession(ctx, id)
 	if err != nil {
 		return nil, 0, err
@@ -170,85 +168,31 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 		}
 		conns = append(conns, w)
 	}
-	var errOnce sync.Once
-	var firstErr error
-	var failed atomic.Bool
-	fail := func(err error) {
-		failed.Store(true)
-		errOnce.Do(func() { firstErr = err })
-	}
-	deadline := time.Now().Add(d)
 	// Each run's client_ids are its own: a run reusing the warm-up's would
 	// have those prompts acknowledged as retries, never appended.
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	var wg sync.WaitGroup
-	for ci, w := range conns {
-		slots := make(chan struct{}, r.cfg.WSWindow)
-		var mu sync.Mutex
-		sent := map[string]time.Time{} // guarded by mu
-		done := make(chan struct{})
-		wg.Go(func() { // reader
-			defer close(done)
-			err := w.readLoop(func(frame []byte) {
-				cid, _, isAck := parseAckFrame(frame)
-				switch {
-				case isAck:
-				case bytes.HasPrefix(frame, []byte(`{"type":"error"`)):
-					var ef session.ErrorFrame
-					_ = json.Unmarshal(frame, &ef)
-					fail(fmt.Errorf("prompt over WebSocket: %s: %s", ef.Code, ef.Message))
-					cid = ef.ClientID
-				default:
-					return
-				}
-				mu.Lock()
-				t, ok := sent[cid]
-				delete(sent, cid)
-				mu.Unlock()
-				if !ok {
-					return
-				}
-				h.Record(time.Since(t))
-				acked.Add(1)
-				<-slots
-			})
-			if err != nil && time.Now().Before(deadline) {
-				fail(fmt.Errorf("websocket closed: %w", err))
+	return wsDriver[string]{
+		window: r.cfg.WSWindow,
+		request: func(ci, n int, frame []byte) ([]byte, string) {
+			cid := run + "-c" + strconv.Itoa(ci) + "-" + strconv.Itoa(n)
+			frame = append(frame, `{"type":"prompt","text":"append benchmark event","client_id":"`...)
+			frame = append(frame, cid...)
+			return append(frame, `"}`...), cid
+		},
+		read: func(_ *wsConn, frame []byte, answered func(string), fail func(error)) {
+			cid, _, isAck := parseAckFrame(frame)
+			switch {
+			case isAck:
+			case bytes.HasPrefix(frame, []byte(`{"type":"error"`)):
+				var ef session.ErrorFrame
+				_ = json.Unmarshal(frame, &ef)
+				fail(fmt.Errorf("prompt over WebSocket: %s: %s", ef.Code, ef.Message))
+				cid = ef.ClientID
+			default:
+				return
 			}
-		})
-		wg.Go(func() { // writer
-			defer func() {
-				// Wait for the outstanding acks, then stop the reader.
-				pollUntil(ctx, 30*time.Second, time.Millisecond, func() bool { return len(slots) == 0 })
-				w.close()
-				<-done
-			}()
-			var frame []byte
-			for n := 0; time.Now().Before(deadline) && ctx.Err() == nil && !failed.Load(); n++ {
-				select {
-				case slots <- struct{}{}:
-				case <-done:
-					return
-				case <-ctx.Done():
-					return
-				}
-				cid := run + "-c" + strconv.Itoa(ci) + "-" + strconv.Itoa(n)
-				frame = append(frame[:0], `{"type":"prompt","text":"append benchmark event","client_id":"`...)
-				frame = append(frame, cid...)
-				frame = append(frame, `"}`...)
-				mu.Lock()
-				sent[cid] = time.Now()
-				mu.Unlock()
-				if err := w.write(ctx, frame); err != nil {
-					fail(fmt.Errorf("send prompt: %w", err))
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr == nil {
-		firstErr = ctx.Err()
-	}
-	return h, acked.Load(), firstErr
+			answered(cid)
+		},
+		sendErr: "send prompt", closedErr: "websocket closed",
+	}.run(ctx, conns, d)
 }

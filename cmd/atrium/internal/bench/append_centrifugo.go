@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -19,8 +17,6 @@ import (
 // docs/benchmarks.md). It returns the ack latencies and the number
 // acknowledged.
 func (r *runner) appendCentrifugo(ctx context.Context, peer *centrifugo, d time.Duration) (*Histogram, int64, error) {
-	h := NewHistogram()
-	var acked atomic.Int64
 	channel := "atrium_bench_append_" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	url := "ws" + peer.base[len("http"):] + "/connection/websocket"
 	conns := make([]*wsConn, 0, r.cfg.WSConns)
@@ -36,91 +32,41 @@ func (r *runner) appendCentrifugo(ctx context.Context, peer *centrifugo, d time.
 		}
 		conns = append(conns, w)
 	}
-	var errOnce sync.Once
-	var firstErr error
-	var failed atomic.Bool
-	fail := func(err error) {
-		failed.Store(true)
-		errOnce.Do(func() { firstErr = err })
-	}
-	deadline := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for _, w := range conns {
-		slots := make(chan struct{}, r.cfg.WSWindow)
-		var mu sync.Mutex
-		sent := map[int64]time.Time{} // guarded by mu
-		done := make(chan struct{})
-		pong := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = w.write(ctx, []byte("{}"))
-		}
-		wg.Go(func() { // reader
-			defer close(done)
-			err := w.readLoop(func(frame []byte) {
-				for _, line := range bytes.Split(frame, []byte("\n")) {
-					if string(line) == "{}" {
-						pong()
-						continue
-					}
-					id, ok := scanInt(line, `{"id":`)
-					if !ok || !bytes.HasPrefix(line, []byte(`{"id":`)) {
-						continue // a push
-					}
-					if bytes.Contains(line, []byte(`"error":`)) {
-						fail(fmt.Errorf("centrifugo publish: %.300s", line))
-					}
-					mu.Lock()
-					t, ok := sent[id]
-					delete(sent, id)
-					mu.Unlock()
-					if !ok {
-						continue
-					}
-					h.Record(time.Since(t))
-					acked.Add(1)
-					<-slots
+	return wsDriver[int64]{
+		window: r.cfg.WSWindow,
+		request: func(_, n int, frame []byte) ([]byte, int64) {
+			id := int64(100 + n)
+			frame = append(frame, `{"id":`...)
+			frame = strconv.AppendInt(frame, id, 10)
+			frame = append(frame, `,"publish":{"channel":"`...)
+			frame = append(frame, channel...)
+			frame = append(frame, `","data":{"type":"prompt","text":"append benchmark event","client_id":"c`...)
+			frame = strconv.AppendInt(frame, id, 10)
+			return append(frame, `"}}}`...), id
+		},
+		read: func(w *wsConn, frame []byte, answered func(int64), fail func(error)) {
+			for _, line := range bytes.Split(frame, []byte("\n")) {
+				if string(line) == "{}" {
+					pong(w)
+					continue
 				}
-			})
-			if err != nil && time.Now().Before(deadline) {
-				fail(fmt.Errorf("centrifugo websocket closed: %w", err))
+				id, ok := scanInt(line, `{"id":`)
+				if !ok || !bytes.HasPrefix(line, []byte(`{"id":`)) {
+					continue // a push
+				}
+				if bytes.Contains(line, []byte(`"error":`)) {
+					fail(fmt.Errorf("centrifugo publish: %.300s", line))
+				}
+				answered(id)
 			}
-		})
-		wg.Go(func() { // writer
-			defer func() {
-				pollUntil(ctx, 30*time.Second, time.Millisecond, func() bool { return len(slots) == 0 })
-				w.close()
-				<-done
-			}()
-			var frame []byte
-			for id := int64(100); time.Now().Before(deadline) && ctx.Err() == nil && !failed.Load(); id++ {
-				select {
-				case slots <- struct{}{}:
-				case <-done:
-					return
-				case <-ctx.Done():
-					return
-				}
-				frame = append(frame[:0], `{"id":`...)
-				frame = strconv.AppendInt(frame, id, 10)
-				frame = append(frame, `,"publish":{"channel":"`...)
-				frame = append(frame, channel...)
-				frame = append(frame, `","data":{"type":"prompt","text":"append benchmark event","client_id":"c`...)
-				frame = strconv.AppendInt(frame, id, 10)
-				frame = append(frame, `"}}}`...)
-				mu.Lock()
-				sent[id] = time.Now()
-				mu.Unlock()
-				if err := w.write(ctx, frame); err != nil {
-					fail(fmt.Errorf("send publish: %w", err))
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr == nil {
-		firstErr = ctx.Err()
-	}
-	return h, acked.Load(), firstErr
+		},
+		sendErr: "send publish", closedErr: "centrifugo websocket closed",
+	}.run(ctx, conns, d)
+}
+
+// pong answers a Centrifugo server's ping ("{}") on w.
+func pong(w *wsConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = w.write(ctx, []byte("{}"))
 }
