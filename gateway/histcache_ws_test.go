@@ -136,3 +136,35 @@ func TestWS_ResumeCacheOff(t *testing.T) {
 		_ = c.c.Close(websocket.StatusNormalClosure, "")
 	}
 }
+
+// BenchmarkResume replays 10,000 events to a new atrium.v1+batch WebSocket
+// (after=0), with the gateway's history cache and without it (every page
+// from the node, here the fake node's memory).
+func BenchmarkResume(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		cache int
+	}{{"cache", 0}, {"no_cache", -1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			e := newEnv(b, func(c *gateway.Config) { c.HistoryCacheBytes = bc.cache })
+			s := e.create("alice", "bench resume")
+			const n = 10_000
+			for range n - 1 {
+				e.node.Append(s.ID, session.KindOutput, session.OutputData{Turn: 1, Stream: "stdout", Text: "a line of output of some length"})
+			}
+			c := e.dialBatch(s.ID, "alice", 0) // fills the cache
+			c.nextOf(session.FrameHello)
+			c.batchedEvents(n)
+			_ = c.c.Close(websocket.StatusNormalClosure, "")
+			b.ResetTimer()
+			for b.Loop() {
+				c := e.dialBatch(s.ID, "alice", 0)
+				c.nextOf(session.FrameHello)
+				if evs, _ := c.batchedEvents(n); len(evs) != n {
+					b.Fatalf("%d events", len(evs))
+				}
+				_ = c.c.Close(websocket.StatusNormalClosure, "")
+			}
+		})
+	}
+}
