@@ -42,8 +42,9 @@ type preOpened struct {
 // lease is continued, the common case) then waits for one round trip to
 // the lease's bucket or for the file, whichever is slower, not for both.
 // Opening touches nothing another node could own (the file is this
-// node's) and writes nothing; keep or drop the result once the lease is
-// known.
+// node's) and writes nothing but a schema migration of a history an older
+// atrium wrote, which any holder would make; keep or drop the result once
+// the lease is known.
 func (o *opener) openBeside(ctx context.Context, s *sessionActor) <-chan preOpened {
 	c := make(chan preOpened, 1)
 	s.spawn(func() {
