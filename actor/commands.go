@@ -160,7 +160,9 @@ func (s *sessionActor) command(msg *nats.Msg, who session.Principal, c *session.
 }
 
 func (s *sessionActor) opPrompt(msg *nats.Msg, user string, c *session.Command) {
-	s.prompt(user, c.Text, c.ClientID, func(rep session.Reply) { respond(msg, rep) })
+	var lk lookupCtx
+	defer lk.end()
+	s.prompt(&lk, user, c.Text, c.ClientID, func(rep session.Reply) { respond(msg, rep) })
 }
 
 // opPrompts appends the prompts of one request in order, as opPrompt would
@@ -178,8 +180,10 @@ func (s *sessionActor) opPrompts(msg *nats.Msg, user string, c *session.Command)
 	}
 	results := make([]session.Reply, n)
 	left := n
+	var lk lookupCtx // one for the whole batch's lookups
+	defer lk.end()
 	for i, p := range c.Prompts {
-		s.prompt(user, p.Text, p.ClientID, func(rep session.Reply) {
+		s.prompt(&lk, user, p.Text, p.ClientID, func(rep session.Reply) {
 			results[i] = rep
 			if left--; left == 0 {
 				respond(msg, session.Reply{Results: results})
@@ -191,7 +195,7 @@ func (s *sessionActor) opPrompts(msg *nats.Msg, user string, c *session.Command)
 // prompt appends a prompt of user and calls answer, on the actor, once: with
 // its seq when it is durable (or was already: a retried client_id), or with
 // the error that refused or dropped it.
-func (s *sessionActor) prompt(user, text, clientID string, answer func(session.Reply)) {
+func (s *sessionActor) prompt(lk *lookupCtx, user, text, clientID string, answer func(session.Reply)) {
 	switch {
 	case strings.TrimSpace(text) == "":
 		answer(errorReply(session.Errorf(session.CodeBadRequest, "prompt text is empty")))
@@ -218,7 +222,7 @@ func (s *sessionActor) prompt(user, text, clientID string, answer func(session.R
 			return
 		}
 		if s.queue.recent.partial {
-			seq, err := s.committedPrompt(user, clientID)
+			seq, err := s.committedPrompt(lk.get(s.h.ctx), user, clientID)
 			if err != nil {
 				answer(errorReply(err))
 				return
@@ -268,15 +272,34 @@ func (s *sessionActor) prompt(user, text, clientID string, answer func(session.R
 // the history holds it, 0 if there is none. The actor waits for the lookup
 // (tens of microseconds, longer only behind an Append in progress): what
 // comes after depends on it.
-func (s *sessionActor) committedPrompt(user, clientID string) (session.Seq, error) {
-	ctx, cancel := context.WithTimeout(s.h.ctx, promptLookupTimeout)
-	defer cancel()
+func (s *sessionActor) committedPrompt(ctx context.Context, user, clientID string) (session.Seq, error) {
 	seq, err := s.hist.PromptSeq(ctx, user, clientID)
 	if err != nil {
 		s.log.Warn("look up a retried prompt", "err", err)
 		return 0, session.Errorf(session.CodeUnavailable, "could not check whether this prompt was already received; retry")
 	}
 	return seq, nil
+}
+
+// lookupCtx bounds the retried-prompt lookups of one command with
+// promptLookupTimeout. Its context is made at the first lookup (most
+// commands make none, and a batch's prompts share one).
+type lookupCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (l *lookupCtx) get(parent context.Context) context.Context {
+	if l.ctx == nil {
+		l.ctx, l.cancel = context.WithTimeout(parent, promptLookupTimeout)
+	}
+	return l.ctx
+}
+
+func (l *lookupCtx) end() {
+	if l.cancel != nil {
+		l.cancel()
+	}
 }
 
 // maxEventData is the largest event data that still publishes within the
