@@ -21,3 +21,6 @@ func Synchronous(l *Log) (mode int, quietStart bool, err error) {
 	err = l.writer.QueryRow(`PRAGMA synchronous`).Scan(&mode)
 	return mode, l.quietStart, err
 }
+
+// ReaderConns returns how many read connections l has open.
+func ReaderConns(l *Log) int { return l.readers.Stats().OpenConnections }

@@ -61,10 +61,11 @@ const (
 
 // Log is one open session history. One goroutine appends to it (the session
 // actor) while any number of others read. Append, SetMeta and the point reads
-// (Meta, LastOfKind, PromptSeq) go through a single writer connection, so
-// waking a session opens one connection; Range, which may read megabytes,
-// goes through a small pool of read connections, connected on first use,
-// which WAL mode lets run alongside the writer.
+// (Meta, LastOfKind, PromptSeq, a Range of one event) go through a single
+// writer connection, so waking a session opens one connection; a longer
+// Range, which may read megabytes, goes through a small pool of read
+// connections, connected on first use, which WAL mode lets run alongside the
+// writer.
 type Log struct {
 	id       session.ID
 	path     string // the database file
@@ -341,6 +342,9 @@ func (l *Log) Range(ctx context.Context, after session.Seq, limit, maxBytes int)
 		return nil, false, nil
 	}
 	limit = max(limit, 1)
+	if limit == 1 {
+		return l.rangeOne(ctx, after)
+	}
 	rows, err := l.readers.QueryContext(ctx, `SELECT json FROM events WHERE seq > ? ORDER BY seq LIMIT ?`, after, limit+1)
 	if err != nil {
 		return nil, false, l.classify(err, "read", 0)
@@ -362,6 +366,21 @@ func (l *Log) Range(ctx context.Context, after session.Seq, limit, maxBytes int)
 		return nil, false, l.classify(err, "read", 0)
 	}
 	return evs, false, nil
+}
+
+// rangeOne is Range of one event, a point read like LastOfKind: on the
+// writer connection, so that a session waking (which reads its last event)
+// connects no reader (~0.2 ms).
+func (l *Log) rangeOne(ctx context.Context, after session.Seq) ([]json.RawMessage, bool, error) {
+	var seq session.Seq
+	var b []byte
+	err := l.writer.QueryRowContext(ctx, `SELECT seq, json FROM events WHERE seq > ? ORDER BY seq LIMIT 1`, after).Scan(&seq, &b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, nil
+	} else if err != nil {
+		return nil, false, l.classify(err, "read", 0)
+	}
+	return []json.RawMessage{b}, seq < l.lastSeq.Load(), nil
 }
 
 // LastSeq returns the seq of the last committed event, 0 if none. It is kept

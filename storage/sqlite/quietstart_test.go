@@ -118,3 +118,39 @@ func TestLog_QuietStart(t *testing.T) {
 		wantEvents(t, c, 11)
 	})
 }
+
+// TestLog_RangeOne reads one event at a time, as a waking session reads its
+// last event: the right event and more, and no read connection opened.
+func TestLog_RangeOne(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t)
+	l := mustCreate(t, d, "s_a")
+	mustAppend(t, l, batch(1, 10, 300)...)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := d.Open(ctx, "s_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for after := session.Seq(0); after <= 10; after++ {
+		evs, more, err := l.Range(ctx, after, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []session.Seq{}
+		if after < 10 {
+			want = []session.Seq{after + 1}
+		}
+		if got := seqs(t, evs); !slices.Equal(got, want) || more != (after < 9) {
+			t.Errorf("Range(%d, 1) = %v, more %v; want %v, more %v", after, got, more, want, after < 9)
+		}
+	}
+	if n := sqlite.ReaderConns(l); n != 0 {
+		t.Errorf("%d read connections open after one-event reads, want 0", n)
+	}
+	if evs, more, err := l.Range(ctx, 0, 3, 0); err != nil || more != true || !slices.Equal(seqs(t, evs), seqRange(1, 3)) {
+		t.Errorf("Range(0, 3) = %d events, more %v, %v", len(evs), more, err)
+	}
+}
