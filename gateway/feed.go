@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -109,16 +108,17 @@ func (f *feed) page(ctx context.Context, after session.Seq, limit int) (*session
 // "after beyond the last seq" answer is retried for a moment before it is
 // taken for the client's mistake.
 //
-// A watcher's feed (one that replays) may open from the gateway's history
-// cache (openCached); a REST read uses the reply's events itself.
+// When the gateway's history cache holds the events after the resume
+// point, the owner is asked for one event only: its answer still
+// authorises the watcher and says where the log ends and its epoch, and
+// replay takes the rest from the cache.
 func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, error) {
-	if f.w != nil {
-		if reply, ok := f.openCached(ctx, after); ok {
-			return reply, nil
-		}
+	limit := 0
+	if f.s.hub.hist.holds(f.id, after) {
+		limit = 1
 	}
 	for try := 0; ; try++ {
-		reply, err := f.page(ctx, after, 0)
+		reply, err := f.page(ctx, after, limit)
 		beyond := err == nil && after > reply.LastSeq
 		if beyond {
 			err = session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
@@ -137,36 +137,6 @@ func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, err
 		f.last = after
 		return reply, nil
 	}
-}
-
-// openCached opens the feed from the gateway's history cache when its run
-// of the session holds the event after the resume point: the owner is
-// asked for the run's last event only. Its answer authorises the watcher,
-// says where the log ends and its epoch, and vouches for the run: the last
-// event is the owner's, byte for byte, and the events before it are too
-// (events the owner dropped and wrote again are the log's last; a run that
-// held one would end with one). The reply returned carries no events:
-// replay takes them from the cache. Anything else — another answer, an
-// error, a stale run (then dropped) — and open reads history as usual.
-func (f *feed) openCached(ctx context.Context, after session.Seq) (*session.Reply, bool) {
-	hi, raw, epoch, ok := f.s.hub.hist.last(f.id, after)
-	if !ok {
-		return nil, false
-	}
-	reply, err := f.page(ctx, hi-1, 1)
-	switch {
-	case errors.Is(err, session.ErrBadRequest): // the owner's log ends before the run
-		f.s.hub.hist.drop(f.id)
-		return nil, false
-	case err != nil:
-		return nil, false
-	case reply.Epoch != epoch || len(reply.Events) != 1 || !bytes.Equal(reply.Events[0], raw):
-		f.s.hub.hist.drop(f.id)
-		return nil, false
-	}
-	f.last = after
-	reply.Events, reply.More = nil, true
-	return reply, true
 }
 
 // historyRetry paces history retries (session/retry's policy): waits from
@@ -197,7 +167,7 @@ func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error
 	more := first.More
 	if cached, err := f.emitCached(first.Epoch, out); err != nil {
 		return err
-	} else if cached || len(first.Events) == 0 {
+	} else if cached {
 		more = f.last < first.LastSeq
 	}
 	if err := out.flush(); err != nil {

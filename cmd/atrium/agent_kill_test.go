@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
 	"github.com/atriumhq/atrium/session"
 )
@@ -35,43 +33,13 @@ func agentsCacheDir() string {
 // data dir, and a third prompt: the model's request for turn 3 carries turn
 // 1's prompt, so the conversation continued across the kill -9.
 func TestDev_ClaudeAgentKill9(t *testing.T) {
-	cat, err := agents.New(agents.Config{Dir: agentsCacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, _ := cat.Spec("claude")
-	if in, err := cat.Lookup("claude"); err != nil || in.Version != spec.Version {
-		msg := "SKIPPING REAL-AGENT TEST: claude " + spec.Version + " is not in the agents cache " + agentsCacheDir() + " (run .ci/deps)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireClaude(t)
 	up := modeltest.New(t)
 	up.Match(modeltest.HasTools) // Claude Code's side requests (titles) get the default answer.
 
 	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The node's agents directory is <data>/agents: the cached install.
-	if err := os.Symlink(agentsCacheDir(), filepath.Join(data, "agents")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("ATRIUM_TEST_ANTHROPIC_KEY", "sk-kill9-upstream")
-	cfg := filepath.Join(dir, "atrium.yaml")
-	yaml := `agent_mode: auto
-models:
-  providers:
-    - name: anthropic
-      kind: anthropic
-      base_url: ` + up.URL + `
-      api_key_env: ATRIUM_TEST_ANTHROPIC_KEY
-`
-	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := agentDataDir(t, dir) // The node's agents directory is <data>/agents: the cached install.
+	cfg := writeConfig(t, anthropicModels(t, up.URL, "sk-kill9-upstream"))
 
 	p := startDev(t, data, "--config", cfg)
 	a := api{t: t, base: p.url, user: "ann"}

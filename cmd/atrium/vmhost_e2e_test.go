@@ -9,14 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/atriumhq/atrium/compute/agents"
 	"github.com/atriumhq/atrium/compute/modelgw/modeltest"
 	"github.com/atriumhq/atrium/compute/remote"
 	"github.com/atriumhq/atrium/compute/vmhost"
@@ -200,38 +198,9 @@ func TestDev_VMHostKill9(t *testing.T) {
 	bin, image := staticAtriumAndImage(t)
 	dir := t.TempDir()
 	s3 := blobtest.StartS3On(t, hostAddress(t))
-	token := "vmhost-e2e-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	tokenFile := filepath.Join(dir, "vmhost-token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := ln.Addr().String()
-	ln.Close()
-	state, err := os.MkdirTemp("", "vmh") // short: QMP socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(state) })
-	vh := startVMHost(t, bin, image, state, listen, tokenFile, "--allow", s3.Endpoint)
-
-	cfg := filepath.Join(dir, "atrium.yaml")
-	yaml := fmt.Sprintf(`sandbox:
-  provider: remote
-  remote:
-    vm_hosts:
-      - url: http://%s
-        token_file: %s
-storage:
-  type: s3
-  s3: {endpoint: %q, bucket: %q, access_key: %q, secret_key: %q, insecure: true}
-`, listen, tokenFile, s3.Endpoint, s3.Bucket, s3.AccessKey, s3.SecretKey)
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	vmh, vh := newVMHost(t, bin, image, dir, "vmhost-e2e-", "--allow", s3.Endpoint)
+	listen, token := vmh.listen, vmh.token
+	cfg := writeConfig(t, vmh.config(s3, ""))
 	data := filepath.Join(dir, "data")
 	p := startDev(t, data, "--config", cfg)
 	a := api{t: t, base: p.url, user: "ann"}
@@ -283,7 +252,7 @@ storage:
 	// turn gets a fresh VM and the workspace saved in S3.
 	vh.cmd.Process.Signal(syscall.SIGKILL)
 	<-vh.exited
-	startVMHost(t, bin, image, state, listen, tokenFile, "--allow", s3.Endpoint)
+	vmh.start(t)
 	begin = time.Now()
 	if out := turn(a2, 3, "cat note"); out != "kept\n" {
 		t.Fatalf("turn 3 after the VM host's kill -9: %q", out)
@@ -301,68 +270,15 @@ storage:
 // model a scripted Anthropic API behind the node's model gateway (reached
 // from the VM through the agent's model tunnel).
 func TestDev_VMHostClaude(t *testing.T) {
-	cat, err := agents.New(agents.Config{Dir: agentsCacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, _ := cat.Spec("claude")
-	if in, err := cat.Lookup("claude"); err != nil || in.Version != spec.Version {
-		msg := "SKIPPING REAL-AGENT TEST: claude " + spec.Version + " is not in the agents cache " + agentsCacheDir() + " (run .ci/deps)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireClaude(t)
 	bin, image := staticAtriumAndImageWith(t, agentsCacheDir())
 	up := modeltest.New(t)
 	up.Match(modeltest.HasTools)
 	dir := t.TempDir()
 	s3 := blobtest.StartS3On(t, hostAddress(t))
-	tokenFile := filepath.Join(dir, "vmhost-token")
-	if err := os.WriteFile(tokenFile, []byte("vmhost-claude-token-0123456789\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := ln.Addr().String()
-	ln.Close()
-	state, err := os.MkdirTemp("", "vmh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(state) })
-	startVMHost(t, bin, image, state, listen, tokenFile, "--memory", "1024", "--allow", s3.Endpoint)
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(agentsCacheDir(), filepath.Join(data, "agents")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("ATRIUM_TEST_ANTHROPIC_KEY", "sk-vm-upstream")
-	cfg := filepath.Join(dir, "atrium.yaml")
-	yaml := fmt.Sprintf(`agent_mode: auto
-models:
-  providers:
-    - name: anthropic
-      kind: anthropic
-      base_url: %s
-      api_key_env: ATRIUM_TEST_ANTHROPIC_KEY
-sandbox:
-  provider: remote
-  remote:
-    vm_hosts:
-      - url: http://%s
-        token_file: %s
-storage:
-  type: s3
-  s3: {endpoint: %q, bucket: %q, access_key: %q, secret_key: %q, insecure: true}
-`, up.URL, listen, tokenFile, s3.Endpoint, s3.Bucket, s3.AccessKey, s3.SecretKey)
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	vmh, _ := newVMHost(t, bin, image, dir, "vmhost-claude-token-", "--memory", "1024", "--allow", s3.Endpoint)
+	data := agentDataDir(t, dir)
+	cfg := writeConfig(t, anthropicModels(t, up.URL, "sk-vm-upstream")+vmh.config(s3, ""))
 	p := startDev(t, data, "--config", cfg)
 	a := api{t: t, base: p.url, user: "ann"}
 	var s session.Session
