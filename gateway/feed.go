@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -108,17 +109,16 @@ func (f *feed) page(ctx context.Context, after session.Seq, limit int) (*session
 // "after beyond the last seq" answer is retried for a moment before it is
 // taken for the client's mistake.
 //
-// When the gateway's history cache holds the events after the resume
-// point, the owner is asked for one event only: its answer still
-// authorises the watcher and says where the log ends and its epoch, and
-// replay takes the rest from the cache.
+// A watcher's feed (one that replays) may open from the gateway's history
+// cache (openCached); a REST read uses the reply's events itself.
 func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, error) {
-	limit := 0
-	if f.s.hub.hist.holds(f.id, after) {
-		limit = 1
+	if f.w != nil {
+		if reply, ok := f.openCached(ctx, after); ok {
+			return reply, nil
+		}
 	}
 	for try := 0; ; try++ {
-		reply, err := f.page(ctx, after, limit)
+		reply, err := f.page(ctx, after, 0)
 		beyond := err == nil && after > reply.LastSeq
 		if beyond {
 			err = session.Errorf(session.CodeBadRequest, "after %d is beyond the session's last_seq %d", after, reply.LastSeq)
@@ -137,6 +137,39 @@ func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, err
 		f.last = after
 		return reply, nil
 	}
+}
+
+// openCached opens the feed from the gateway's history cache when its run
+// of the session holds the event after the resume point: the owner is
+// asked for the run's last event only. Its answer authorises the watcher,
+// says where the log ends and its epoch, and vouches for the run: the last
+// event is the owner's, byte for byte, and so are the events before it —
+// events an owner dropped and wrote again were the log's last, so a run
+// holding one ends with one, unless live events of the next owner were
+// appended to it; those come after the rewritten seqs' own live events,
+// which disagree with the run and drop it (only a run that missed them,
+// NATS having dropped them, could keep a stale event). The reply carries no events:
+// replay takes them from the cache. Anything else — another answer, an
+// error, a stale run (then dropped) — and open reads history as usual.
+func (f *feed) openCached(ctx context.Context, after session.Seq) (*session.Reply, bool) {
+	hi, raw, epoch, ok := f.s.hub.hist.last(f.id, after)
+	if !ok {
+		return nil, false
+	}
+	reply, err := f.page(ctx, hi-1, 1)
+	switch {
+	case errors.Is(err, session.ErrBadRequest): // the owner's log ends before the run
+		f.s.hub.hist.drop(f.id)
+		return nil, false
+	case err != nil:
+		return nil, false
+	case reply.Epoch != epoch || len(reply.Events) != 1 || !bytes.Equal(reply.Events[0], raw):
+		f.s.hub.hist.drop(f.id)
+		return nil, false
+	}
+	f.last = after
+	reply.Events, reply.More = nil, true
+	return reply, true
 }
 
 // historyRetry paces history retries (session/retry's policy): waits from
@@ -167,7 +200,7 @@ func (f *feed) replay(ctx context.Context, first *session.Reply, out sink) error
 	more := first.More
 	if cached, err := f.emitCached(first.Epoch, out); err != nil {
 		return err
-	} else if cached {
+	} else if cached || len(first.Events) == 0 {
 		more = f.last < first.LastSeq
 	}
 	if err := out.flush(); err != nil {
