@@ -141,22 +141,22 @@ func (f *feed) open(ctx context.Context, after session.Seq) (*session.Reply, err
 
 // openCached opens the feed from the gateway's history cache when its run
 // of the session holds the event after the resume point: the owner is
-// asked for the run's last event only. Its answer authorises the watcher,
-// says where the log ends and its epoch, and vouches for the run: the last
-// event is the owner's, byte for byte, and so are the events before it —
-// events an owner dropped and wrote again were the log's last, so a run
-// holding one ends with one, unless live events of the next owner were
-// appended to it; those come after the rewritten seqs' own live events,
-// which disagree with the run and drop it (only a run that missed them,
-// NATS having dropped them, could keep a stale event). The reply carries no events:
+// asked for one event only, the newest that a history page brought into the
+// run (histCache.probe). Its answer authorises the watcher, says where the
+// log ends and its epoch, and vouches for the run. Only page events can be
+// stale (a page may carry the log's last events before they are captured,
+// which a next owner may drop and write again), and those are a suffix of
+// the log as it was then: if the newest page event is the owner's, byte for
+// byte, so are those before it; the live events after it came from the
+// events stream. The reply carries no events:
 // replay takes them from the cache. Anything else — another answer, an
 // error, a stale run (then dropped) — and open reads history as usual.
 func (f *feed) openCached(ctx context.Context, after session.Seq) (*session.Reply, bool) {
-	hi, raw, epoch, ok := f.s.hub.hist.last(f.id, after)
+	seq, raw, epoch, ok := f.s.hub.hist.probe(f.id, after)
 	if !ok {
 		return nil, false
 	}
-	reply, err := f.page(ctx, hi-1, 1)
+	reply, err := f.page(ctx, seq-1, 1)
 	switch {
 	case errors.Is(err, session.ErrBadRequest): // the owner's log ends before the run
 		f.s.hub.hist.drop(f.id)

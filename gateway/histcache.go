@@ -27,11 +27,18 @@ const (
 // node still answers one small history request, which authorises the
 // watcher and says where the log ends and its epoch).
 //
-// Committed events never change, so a cached run stays true as long as the
-// session's epoch is the same; a run of another epoch is dropped, and so is
-// the run of a deleted session. A run grows only by the event right after
-// its end: a live event that skips ahead (NATS dropped one) is not cached,
-// and the run grows again when the feed refetches the gap.
+// Published events never change, and a run of another epoch is dropped, and
+// so is the run of a deleted session. But a history page may carry the
+// log's last events before they are captured into the events stream, and
+// should the node then lose its lease the next owner drops them and writes
+// other events with those seqs (actor/takeover.go). So a run is checked
+// before it is used: the owner is asked for the newest event a page brought
+// into it, and unless it has the same bytes the run is dropped
+// (feed.openCached); a page or a live event that disagrees with the run
+// drops it too. A run grows
+// only by the event right after its end: a live event that skips ahead
+// (NATS dropped one) is not cached, and the run grows again when the feed
+// refetches the gap.
 type histCache struct {
 	max int // bytes, all sessions; 0: off
 
@@ -50,6 +57,10 @@ type histRun struct {
 	events []json.RawMessage
 	bytes  int
 	used   time.Time // last read or extended
+	// pageHi is the newest seq a history page brought into the run: live
+	// events (after it) come from the events stream and are the owner's;
+	// page events may not be, and pageHi is the one to check (see probe).
+	pageHi session.Seq
 }
 
 func (r *histRun) next() session.Seq { return r.first + session.Seq(len(r.events)) }
@@ -58,16 +69,43 @@ func newHistCache(maxBytes int) *histCache {
 	return &histCache{max: max(maxBytes, 0), runs: make(map[session.ID]*histRun)}
 }
 
-// holds reports whether the cache has the event after seq after of id, in
-// whatever epoch.
-func (c *histCache) holds(id session.ID, after session.Seq) bool {
+// probe returns the event of id's run to check against the owner before
+// the run is used, its seq and the run's epoch, if the run holds the event
+// after seq after: the newest event a history page brought (pageHi), or
+// the run's last if the pages' events were trimmed away.
+func (c *histCache) probe(id session.ID, after session.Seq) (seq session.Seq, raw json.RawMessage, epoch string, ok bool) {
 	if c.max == 0 {
-		return false
+		return 0, nil, "", false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.runs[id]
-	return r != nil && after >= r.first-1 && after < r.next()-1
+	if r == nil || after < r.first-1 || after >= r.next()-1 {
+		return 0, nil, "", false
+	}
+	seq = r.pageHi
+	if seq < r.first || seq >= r.next() {
+		seq = r.next() - 1
+	}
+	return seq, r.events[seq-r.first], r.epoch, true
+}
+
+// agrees reports whether the events first, first+1, … of evs that r holds
+// too are the same bytes.
+func (r *histRun) agrees(first session.Seq, evs []json.RawMessage) bool {
+	for i, ev := range evs {
+		seq := first + session.Seq(i)
+		if seq < r.first {
+			continue
+		}
+		if seq >= r.next() {
+			break
+		}
+		if !bytes.Equal(r.events[seq-r.first], ev) {
+			return false
+		}
+	}
+	return true
 }
 
 // since returns the cached events of id in epoch after seq after: the
@@ -89,7 +127,9 @@ func (c *histCache) since(id session.ID, epoch string, after session.Seq) []json
 
 // addPage caches evs, the events first, first+1, … of id in epoch that a
 // history page brought. A page after the cached run (or of another epoch)
-// starts a new run: the latest events are the ones resumes read.
+// starts a new run: the latest events are the ones resumes read. So does a
+// page that disagrees with the run about an event: the run holds events
+// the owner no longer has (see feed.openCached).
 func (c *histCache) addPage(id session.ID, epoch string, first session.Seq, evs []json.RawMessage) {
 	if c.max == 0 || epoch == "" || len(evs) == 0 {
 		return
@@ -99,7 +139,7 @@ func (c *histCache) addPage(id session.ID, epoch string, first session.Seq, evs 
 	r := c.runs[id]
 	last := first + session.Seq(len(evs)) - 1
 	switch {
-	case r == nil || r.epoch != epoch || first > r.next():
+	case r == nil || r.epoch != epoch || first > r.next() || !r.agrees(first, evs):
 		c.dropLocked(id)
 		r = &histRun{epoch: epoch, first: first}
 		c.runs[id] = r
@@ -107,11 +147,13 @@ func (c *histCache) addPage(id session.ID, epoch string, first session.Seq, evs 
 		r.used = time.Now()
 		return // cached already
 	}
+	r.pageHi = max(r.pageHi, last)
 	c.appendLocked(id, r, evs[r.next()-first:])
 }
 
 // addLive caches a live event of id, raw with seq seq, if it is the one
-// right after the cached run. An event of another epoch drops the run.
+// right after the cached run. An event of another epoch, or one that the
+// run holds with other bytes, drops the run.
 func (c *histCache) addLive(id session.ID, seq session.Seq, raw json.RawMessage) {
 	if c.max == 0 {
 		return
@@ -127,8 +169,11 @@ func (c *histCache) addLive(id session.ID, seq session.Seq, raw json.RawMessage)
 		c.dropLocked(id)
 		return
 	}
-	if seq == r.next() {
+	switch {
+	case seq == r.next():
 		c.appendLocked(id, r, []json.RawMessage{raw})
+	case seq >= r.first && seq < r.next() && !bytes.Equal(r.events[seq-r.first], raw):
+		c.dropLocked(id)
 	}
 }
 

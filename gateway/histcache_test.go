@@ -44,7 +44,7 @@ func TestHistCache(t *testing.T) {
 		c.addLive(id, 23, cacheEvent(23, "e1")) // after a gap: not cached
 		checkRun(t, c.since(id, "e1", 0), 1, 21)
 		checkRun(t, c.since(id, "e1", 15), 16, 21)
-		if !c.holds(id, 0) || !c.holds(id, 20) || c.holds(id, 21) {
+		if !holds(c, id, 0) || !holds(c, id, 20) || holds(c, id, 21) {
 			t.Fatal("holds disagrees with the run 1..21")
 		}
 		if evs := c.since(id, "e1", 21); evs != nil {
@@ -61,7 +61,7 @@ func TestHistCache(t *testing.T) {
 			t.Fatal("served a run of another epoch")
 		}
 		c.addLive(id, 11, cacheEvent(11, "e2"))
-		if c.holds(id, 0) || c.bytes != 0 {
+		if holds(c, id, 0) || c.bytes != 0 {
 			t.Fatalf("a live event of another epoch left the run (%d bytes)", c.bytes)
 		}
 		c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
@@ -72,7 +72,7 @@ func TestHistCache(t *testing.T) {
 		c := newHistCache(1 << 20)
 		c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
 		c.addPage(id, "e1", 50, cacheEvents(50, 60, "e1"))
-		if c.holds(id, 5) {
+		if holds(c, id, 5) {
 			t.Fatal("kept the old run")
 		}
 		checkRun(t, c.since(id, "e1", 49), 50, 60)
@@ -81,7 +81,7 @@ func TestHistCache(t *testing.T) {
 		c := newHistCache(1 << 20)
 		c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
 		c.drop(id)
-		if c.holds(id, 0) || c.bytes != 0 || c.since(id, "e1", 0) != nil {
+		if holds(c, id, 0) || c.bytes != 0 || c.since(id, "e1", 0) != nil {
 			t.Fatal("run of a deleted session kept")
 		}
 	})
@@ -114,7 +114,7 @@ func TestHistCache(t *testing.T) {
 				t.Fatalf("cache of %d bytes, limit %d", c.bytes, c.max)
 			}
 		}
-		if c.holds(other, 0) {
+		if holds(c, other, 0) {
 			t.Fatal("the least recently used run was kept")
 		}
 	})
@@ -124,15 +124,52 @@ func TestHistCache(t *testing.T) {
 		c.addPage(other, "e1", 1, cacheEvents(1, 10, "e1"))
 		c.runs[other].used = time.Now().Add(-histCacheIdle - time.Second)
 		c.expire(time.Now())
-		if !c.holds(id, 0) || c.holds(other, 0) {
+		if !holds(c, id, 0) || holds(c, other, 0) {
 			t.Fatal("expiry kept the idle run or dropped the used one")
 		}
 	})
 	t.Run("off", func(t *testing.T) {
 		c := newHistCache(0)
 		c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
-		if c.holds(id, 0) || c.since(id, "e1", 0) != nil {
+		if holds(c, id, 0) || c.since(id, "e1", 0) != nil {
 			t.Fatal("a cache of size 0 kept events")
 		}
 	})
+}
+
+// holds reports whether c has the event after seq after of id.
+func holds(c *histCache, id session.ID, after session.Seq) bool {
+	_, _, _, ok := c.probe(id, after)
+	return ok
+}
+
+// TestHistCache_Disagreement: a page or a live event that the run holds with
+// other bytes (the owner dropped an uncaptured tail and wrote other events
+// with its seqs) drops the run; one that agrees changes nothing.
+func TestHistCache_Disagreement(t *testing.T) {
+	const id = session.ID("s1")
+	other := func(seq session.Seq) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"seq":%d,"epoch":"e1","time":"2026-11-26T00:00:01Z","kind":"output","by":"system","data":{"text":"y"}}`, seq))
+	}
+	c := newHistCache(1 << 20)
+	c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
+	c.addPage(id, "e1", 5, cacheEvents(5, 10, "e1")) // agrees
+	c.addLive(id, 7, cacheEvent(7, "e1"))            // a duplicate that agrees
+	c.addLive(id, 11, cacheEvent(11, "e1"))
+	if seq, raw, epoch, ok := c.probe(id, 0); !ok || seq != 10 || string(raw) != string(cacheEvent(10, "e1")) || epoch != "e1" {
+		t.Fatalf("probe: %d %s %q %v, want the newest page event, 10", seq, raw, epoch, ok)
+	}
+	c.addLive(id, 9, other(9))
+	if holds(c, id, 0) || c.bytes != 0 {
+		t.Fatal("a live event that disagrees left the run")
+	}
+	c.addPage(id, "e1", 1, cacheEvents(1, 10, "e1"))
+	c.addPage(id, "e1", 8, []json.RawMessage{cacheEvent(8, "e1"), other(9), other(10), other(11)})
+	checkRun(t, c.since(id, "e1", 7), 8, 11)
+	if holds(c, id, 3) {
+		t.Fatal("a page that disagrees did not start a new run")
+	}
+	if evs := c.since(id, "e1", 8); string(evs[0]) != string(other(9)) {
+		t.Fatalf("event 9 is %s", evs[0])
+	}
 }

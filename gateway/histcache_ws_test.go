@@ -168,3 +168,71 @@ func BenchmarkResume(b *testing.B) {
 		})
 	}
 }
+
+// rewriteTail makes the fake node forget id's events after keep and commit
+// add other events after them, unpublished: what the next owner does with a
+// tail that was never captured (actor/takeover.go).
+func (e *env) rewriteTail(id session.ID, keep session.Seq, add int) {
+	n := e.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.sessions[id]
+	s.events = s.events[:keep]
+	s.entry.LastSeq = keep
+	n.drop = add
+	for range add {
+		n.appendLocked(s, session.KindOutput, session.BySystem, session.OutputData{Turn: 1, Stream: "stdout", Text: "written again"})
+	}
+}
+
+// TestWS_ResumeCacheStaleTail: a cached run whose last events the owner no
+// longer has (dropped, or written again with other bytes) is never sent; the
+// resume reads the owner's history instead.
+func TestWS_ResumeCacheStaleTail(t *testing.T) {
+	e := newEnv(t)
+	s := e.create("alice", "stale")
+	for range 1499 {
+		e.node.Append(s.ID, session.KindOutput, session.OutputData{Turn: 1, Stream: "stdout", Text: "first writing"})
+	}
+	resume := func(t *testing.T, last session.Seq) {
+		t.Helper()
+		c := e.dialBatch(s.ID, "alice", 0)
+		defer func() { _ = c.c.Close(websocket.StatusNormalClosure, "") }()
+		if h := c.nextOf(session.FrameHello); h["last_seq"] != float64(last) {
+			t.Fatalf("hello %v, want last_seq %d", h, last)
+		}
+		evs, _ := c.batchedEvents(int(last))
+		committed := e.node.Events(s.ID)
+		for i, ev := range evs {
+			if !bytes.Equal(ev, committed[i]) {
+				t.Fatalf("event %d is not the node's:\n%s\n%s", i+1, ev, committed[i])
+			}
+		}
+	}
+	resume(t, 1500) // fills the cache
+	t.Run("written again, then live events", func(t *testing.T) {
+		// The next owner's own live events of the rewritten seqs were
+		// lost: the run learns only of the ones after, which follow it.
+		e.rewriteTail(s.ID, 1450, 50)
+		w := e.dialBatch(s.ID, "alice", 1500)
+		w.nextOf(session.FrameHello)
+		for range 5 {
+			e.node.Append(s.ID, session.KindOutput, session.OutputData{Turn: 1, Stream: "stdout", Text: "live after"})
+		}
+		evs, _ := w.batchedEvents(5) // the hub has cached them by now
+		checkSeqs(t, evs, 1501, 1505)
+		_ = w.c.Close(websocket.StatusNormalClosure, "")
+		resume(t, 1505)
+	})
+	for _, tc := range []struct {
+		name      string
+		keep      session.Seq
+		add, last int
+	}{{"written again", 1400, 100, 1500}, {"dropped", 1450, 0, 1450}, {"dropped and more written", 1300, 300, 1600}} {
+		t.Run(tc.name, func(t *testing.T) {
+			resume(t, session.Seq(len(e.node.Events(s.ID)))) // the run ends where the log does
+			e.rewriteTail(s.ID, tc.keep, tc.add)
+			resume(t, session.Seq(tc.last))
+		})
+	}
+}
