@@ -623,7 +623,7 @@ func (s *sessionActor) onSubscribed(ctx proto.Context) {
 }
 
 // maxHibernating is how many sessions of a host checkpoint and close their
-// history at once. Those steps fsync, and the Go runtime gives each blocked
+// history at once (except while the host closes). Those steps fsync, and the Go runtime gives each blocked
 // system call its own OS thread and never ends one: 500 sessions
 // hibernating together (atrium bench --scenarios memory at load 20) left
 // 400 threads, about 50 KiB each in stacks (g0 and signal stacks), most of
@@ -664,6 +664,10 @@ func (s *sessionActor) close(ctx proto.Context) {
 	durable, ckptSeq := s.events.durable, s.ckptSeq
 	s.events.closing = c
 	replace := s.act.shutting && s.queue.turns.Queued() > 0
+	// A closing host hibernates every session at once and then exits:
+	// its threads do not outlive it, and its deadline must not wait on
+	// slots.
+	slotted := !s.act.shutting
 	owner := s.events.meta.Owner
 	s.lease = nil
 	s.stopCheckpointTimer()
@@ -672,7 +676,10 @@ func (s *sessionActor) close(ctx proto.Context) {
 		c.stop()
 		ctx, cancel := context.WithTimeout(s.h.ctx, openTimeout)
 		defer cancel()
-		free := s.h.hibernateSlot(ctx)
+		free := func() {}
+		if slotted {
+			free = s.h.hibernateSlot(ctx)
+		}
 		// Only what the stream has too, and only while the lease holds (a
 		// node that lost it must not write a checkpoint a new owner could
 		// restore).
