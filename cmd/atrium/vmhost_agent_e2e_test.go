@@ -29,6 +29,11 @@ import (
 //     sleep (sandbox.sleep_after) and woke for the next prompt, that prompt
 //     is served by the same process (the node started one agent process in
 //     all; no session/load, no re-hydration, no workspace restore);
+//   - after the node's kill -9 while the VM sleeps with the agent process
+//     suspended in it, the new node finds the VM again, the orphaned
+//     process is killed (else the workspace restore is refused while it
+//     waits for an attach), and a new process loads its session from the
+//     home the VM kept;
 //   - the agent's home is saved back from the VM: a file the agent wrote
 //     under its home is in the saved copy in S3, and after the VM host's
 //     kill -9 (the sleeping VM is lost) the fresh VM gets the home back
@@ -234,6 +239,30 @@ storage:
 		t.Fatalf("after the wake the session's VMs are %+v; want the same VM %s", vms, first)
 	}
 
+	// The sandbox sleeps again, with the agent process suspended in the
+	// VM, and the node dies. The new node finds the VM again (the VM host
+	// wakes it): the orphaned agent process is killed, so the workspace
+	// can be restored, and the VM's home, newer than nothing, is kept; a
+	// new agent process loads its session.
+	asleep(lastSeq())
+	p.signal(syscall.SIGKILL)
+	p.wait()
+	p = startDev(t, data, "--config", cfg)
+	a = api{t: t, base: p.url, user: "ann"}
+	from = len(up.Requests())
+	turn(3, "And the number?", modeltest.Text("42."))
+	if n := started(); n != 1 {
+		t.Errorf("%d agent processes started on the new node, want 1", n)
+	}
+	if vms := vmsOf(t, listen, token, s.ID); len(vms) != 1 || vms[0].ID != first {
+		t.Fatalf("after the node's kill -9 the session's VMs are %+v; want the same VM %s", vms, first)
+	}
+	for _, r := range scripted(from) {
+		if bytes.Contains(r.Body, []byte(rehydrated)) || !bytes.Contains(r.Body, []byte("Noted: 42.")) {
+			t.Errorf("after the node's kill -9 the new agent process did not load its session")
+		}
+	}
+
 	// The sandbox sleeps again; the VM host dies with the sleeping VM and
 	// comes back empty. The next prompt gets a fresh VM, the workspace and
 	// the agent's home restored, and a new agent process that loads its
@@ -243,11 +272,11 @@ storage:
 	<-vh.exited
 	startVMHost(t, bin, image, state, listen, tokenFile, "--memory", "1024", "--allow", s3.Endpoint)
 	from = len(up.Requests())
-	turn(3, "What did I ask you to remember first? Read your note too.",
+	turn(4, "What did I ask you to remember first? Read your note too.",
 		modeltest.Tool("Read", map[string]any{"file_path": notePath}),
 		modeltest.Text("You asked me to remember periwinkle."))
 	if n := started(); n != 2 {
-		t.Errorf("%d agent processes started after the VM host's kill -9, want 2", n)
+		t.Errorf("%d agent processes started on the new node after the VM host's kill -9, want 2", n)
 	}
 	if vms := vmsOf(t, listen, token, s.ID); len(vms) != 1 || vms[0].ID == first {
 		t.Fatalf("after the VM host's kill -9 the session's VMs are %+v; want a fresh one", vms)
