@@ -28,12 +28,12 @@ func (r *runner) memory(ctx context.Context) ([]Result, error) {
 
 // usage is a snapshot of this process's resources.
 type usage struct {
-	rss        int64 // bytes
-	heap       int64 // Go heap in use + goroutine stacks, bytes
+	rss  int64 // bytes
+	heap int64 // Go heap in use + goroutine stacks, bytes
 	// mapped is what the Go runtime holds from the OS (Sys less
 	// HeapReleased), bytes; RSS beyond it is memory allocated outside the
 	// Go runtime (SQLite's, through modernc.org/libc).
-	mapped int64
+	mapped     int64
 	goroutines int
 	files      int
 	// threads are the process's OS threads. The Go runtime never ends
