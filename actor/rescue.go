@@ -85,7 +85,11 @@ func (h *Host) watchNodes(ctx context.Context) {
 	tick := time.NewTicker(ttl / 2)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		start := time.Now()
 		updates, stop, err := h.owners.Watch(ctx, session.NodeLeaseKey("*"))
+		if took := time.Since(start); took > ttl {
+			h.log.Warn("watching the node leases took long to start", "took", took.Round(time.Millisecond), "err", err)
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				h.log.Warn("watch node leases; retrying", "err", err)
@@ -206,7 +210,13 @@ func (h *Host) pollNodes(ctx context.Context, names *nodeNames) {
 				p = &polled{}
 				known[node] = p
 			}
+			start := time.Now()
 			h.pollNode(ctx, names, node, &p.rev, &p.at)
+			if took := time.Since(start); took > 2*h.cfg.LeaseTTL {
+				// The poll is the path that works after a pause: a poll
+				// that blocks leaves a frozen node's sessions unrescued.
+				h.log.Warn("polling a node lease took long", "node", node, "took", took.Round(time.Millisecond))
+			}
 		}
 	}
 }
@@ -346,6 +356,8 @@ func (h *Host) rescue(ctx context.Context, node string) {
 	}
 	if n > 0 {
 		h.log.Info("taking over the active sessions of a node whose lease ended", "gone", node, "sessions", n)
+	} else {
+		h.log.Info("a node whose lease ended had no active session in the catalog", "gone", node, "active", len(entries))
 	}
 }
 
