@@ -19,33 +19,23 @@ import (
 // deduplication within a batch is the node's: actor's TestPrompts_Batch.) Against a node that predates
 // OpPrompts the gateway sends them one by one, with the same answers.
 func TestWS_PromptBatches(t *testing.T) {
-	for _, old := range []bool{false, true} {
-		name := "node with prompts"
-		if old {
-			name = "node without prompts"
-		}
-		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			e.node.mu.Lock()
-			e.node.noPrompts = old
-			e.node.mu.Unlock()
-			s := e.create("alice", "batches")
-			c := e.dial(s.ID, "alice", 0)
-			c.nextOf(session.FrameHello)
-			c.events(1)
+	eachPromptsNode(t, func(t *testing.T, e *env) {
+		s := e.create("alice", "batches")
+		c := e.dial(s.ID, "alice", 0)
+		c.nextOf(session.FrameHello)
+		c.events(1)
 
-			// Bursts of frames until one burst reached the node as
-			// OpPrompts (a burst the publisher takes in one go): bounded
-			// by a deadline, not by luck in one round.
-			deadline := time.Now().Add(waitTimeout)
-			for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
-				if time.Now().After(deadline) {
-					t.Fatalf("no prompt frames were sent together in %d bursts", round)
-				}
-				burst(t, e, c, s.ID, "r"+strconv.Itoa(round))
+		// Bursts of frames until one burst reached the node as
+		// OpPrompts (a burst the publisher takes in one go): bounded
+		// by a deadline, not by luck in one round.
+		deadline := time.Now().Add(waitTimeout)
+		for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("no prompt frames were sent together in %d bursts", round)
 			}
-		})
-	}
+			burst(t, e, c, s.ID, "r"+strconv.Itoa(round))
+		}
+	})
 }
 
 // burst sends 40 prompt frames at once, among them a blank prompt the node
@@ -118,26 +108,16 @@ func burst(t *testing.T, e *env, c *wsClient, id session.ID, name string) {
 // prompt alone. Against a node that predates OpPrompts they are sent one by
 // one, with the same answers.
 func TestREST_PromptBatches(t *testing.T) {
-	for _, old := range []bool{false, true} {
-		name := "node with prompts"
-		if old {
-			name = "node without prompts"
-		}
-		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			e.node.mu.Lock()
-			e.node.noPrompts = old
-			e.node.mu.Unlock()
-			s := e.create("alice", "rest batches")
-			deadline := time.Now().Add(waitTimeout)
-			for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
-				if time.Now().After(deadline) {
-					t.Fatalf("no prompts were sent together in %d rounds", round)
-				}
-				restBurst(t, e, s.ID, "r"+strconv.Itoa(round))
+	eachPromptsNode(t, func(t *testing.T, e *env) {
+		s := e.create("alice", "rest batches")
+		deadline := time.Now().Add(waitTimeout)
+		for round := 0; len(e.node.commands(session.OpPrompts)) == 0; round++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("no prompts were sent together in %d rounds", round)
 			}
-		})
-	}
+			restBurst(t, e, s.ID, "r"+strconv.Itoa(round))
+		}
+	})
 }
 
 // restBurst posts 32 prompts at once, one of them blank (the node refuses
@@ -183,5 +163,23 @@ func restBurst(t *testing.T, e *env, id session.ID, name string) {
 		if ev := string(evs[acc.Seq-1]); !strings.Contains(ev, `"posted `+name+"-"+strconv.Itoa(i)+`"`) {
 			t.Fatalf("seq %d of prompt %d is %s", acc.Seq, i, ev)
 		}
+	}
+}
+
+// eachPromptsNode runs f, as a subtest, against a node that takes
+// OpPrompts and one that predates it (it answers "unknown op").
+func eachPromptsNode(t *testing.T, f func(t *testing.T, e *env)) {
+	for _, old := range []bool{false, true} {
+		name := "node with prompts"
+		if old {
+			name = "node without prompts"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.node.mu.Lock()
+			e.node.noPrompts = old
+			e.node.mu.Unlock()
+			f(t, e)
+		})
 	}
 }
