@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/atriumhq/atrium/session"
 )
@@ -25,22 +23,7 @@ func TestGateway_PlaceLastingRefusal(t *testing.T) {
 	ns := startNATS(t)
 	nc := connectNATS(t, ns)
 	subj := session.Subjects{}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subj.CatalogBucket()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := session.NewID()
-	entry := session.CatalogEntry{ID: id, Title: "t", Owner: "alice", Members: session.Members{"alice": session.RoleOwner},
-		Epoch: "e1", State: session.StateHibernated, LastSeq: 1}
-	b, _ := json.Marshal(entry)
-	if _, err := kv.Put(ctx, string(id), b); err != nil {
-		t.Fatal(err)
-	}
+	id := catalogHibernated(t, nc, subj)
 
 	const reason = "this node cannot take session now: the JetStream store is out of space; retry"
 	var mu sync.Mutex

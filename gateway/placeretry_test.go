@@ -23,22 +23,7 @@ func TestGateway_PlaceRetriesWhileLeaseHeld(t *testing.T) {
 	ns := startNATS(t)
 	nc := connectNATS(t, ns)
 	subj := session.Subjects{}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subj.CatalogBucket()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := session.NewID()
-	entry := session.CatalogEntry{ID: id, Title: "t", Owner: "alice", Members: session.Members{"alice": session.RoleOwner},
-		Epoch: "e1", State: session.StateHibernated, LastSeq: 1}
-	b, _ := json.Marshal(entry)
-	if _, err := kv.Put(ctx, string(id), b); err != nil {
-		t.Fatal(err)
-	}
+	id := catalogHibernated(t, nc, subj)
 
 	// The node: the first two activations find the lease held elsewhere.
 	var mu sync.Mutex
@@ -87,4 +72,27 @@ func TestGateway_PlaceRetriesWhileLeaseHeld(t *testing.T) {
 		t.Errorf("the node refused %d activations, want 2", refused)
 	}
 	t.Logf("served after %v", time.Since(start))
+}
+
+// catalogHibernated writes the catalog entry of a new hibernated session
+// owned by alice, with no node behind it, and returns its id.
+func catalogHibernated(t *testing.T, nc *nats.Conn, subj session.Subjects) session.ID {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subj.CatalogBucket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := session.NewID()
+	entry := session.CatalogEntry{ID: id, Title: "t", Owner: "alice", Members: session.Members{"alice": session.RoleOwner},
+		Epoch: "e1", State: session.StateHibernated, LastSeq: 1}
+	b, _ := json.Marshal(entry)
+	if _, err := kv.Put(ctx, string(id), b); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
