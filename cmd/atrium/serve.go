@@ -93,6 +93,7 @@ func serverConfig(f *config.File, logTo io.Writer, getenv func(string) string) (
 		AuthMode:           f.Auth.Mode,
 		PublicURL:          f.PublicURL,
 		AllowedOrigins:     f.AllowedOrigins,
+		HistoryCacheBytes:  f.HistoryCacheBytes,
 		Agents:             f.Agents,
 		AgentMode:          f.AgentMode,
 		Logger:             newLogger(logTo, f.Log.Format, f.Log.Level),

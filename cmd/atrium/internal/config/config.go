@@ -95,6 +95,11 @@ type File struct {
 	// X-Forwarded-For names the client, for the failed-login throttle, the
 	// audit log and the access log. Anyone else's X-Forwarded-For is ignored.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// HistoryCacheBytes bounds the gateway's cache of the latest events of
+	// watched sessions, which serves resumes without asking the node for
+	// every page (gateway.Config.HistoryCacheBytes): 0 is the default
+	// (gateway.DefaultHistoryCacheBytes, 64 MiB), -1 turns it off.
+	HistoryCacheBytes int `yaml:"history_cache_bytes"`
 	// Roles are what this process runs: RoleGateway, RoleNode, or both (the
 	// default). Processes with one role share an external NATS cluster.
 	Roles []string `yaml:"roles"`
@@ -520,6 +525,9 @@ func (f *File) Validate(dev bool) error {
 	}
 	if _, err := auth.ParseTrustedProxies(f.TrustedProxies); err != nil {
 		bad("trusted_proxies", "%v", err)
+	}
+	if f.HistoryCacheBytes < -1 {
+		bad("history_cache_bytes", "%d: want a size in bytes, 0 for the default (64 MiB) or -1 for no cache", f.HistoryCacheBytes)
 	}
 	switch f.Log.Format {
 	case "json", "text":

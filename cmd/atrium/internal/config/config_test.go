@@ -109,6 +109,8 @@ func TestValidate(t *testing.T) {
 		"short cookie key":     {yaml: "auth:\n  mode: oidc\n  cookie_key: c2hvcnQ=\n  oidc: {issuer: 'https://x', client_id: a, default_tenant: t}\n", want: []string{"5 bytes is too short"}},
 		"bad log":              {yaml: "auth: {mode: tokens}\nlog: {format: xml, level: loud, access: maybe}\n", want: []string{"log.format", "log.level", "log.access"}},
 		"access log off":       {yaml: "auth: {mode: tokens}\nlog: {access: 'off'}\n"},
+		"history cache off":    {yaml: "auth: {mode: tokens}\nhistory_cache_bytes: -1\n"},
+		"history cache bad":    {yaml: "auth: {mode: tokens}\nhistory_cache_bytes: -2\n", want: []string{"history_cache_bytes: -2"}},
 		"remote without hook":  {yaml: "auth: {mode: tokens}\nsandbox: {provider: remote}\n", want: []string{"sandbox.remote", "storage.type: remote sandboxes need s3"}},
 		"s3 incomplete":        {yaml: "auth: {mode: tokens}\nstorage: {type: s3, s3: {endpoint: 'http://x:9000'}}\n", want: []string{"without a scheme", "storage.s3.bucket", "access_key"}},
 		"bad egress":           {yaml: "auth: {mode: tokens}\nsandbox: {cpus: -1, egress: ['*', 'github.com']}\n", want: []string{"sandbox.cpus", "sandbox.egress"}},

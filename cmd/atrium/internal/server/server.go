@@ -244,6 +244,9 @@ type Config struct {
 	PublicURL string
 	// AllowedOrigins lists extra browser origins (see gateway.Config).
 	AllowedOrigins []string
+	// HistoryCacheBytes bounds the gateway's history cache (see
+	// gateway.Config); 0 is the default, negative turns it off.
+	HistoryCacheBytes int
 	// DevUser is the user the dev sign-in form suggests (auth.Dev.User).
 	DevUser string
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
@@ -753,6 +756,7 @@ func (s *Server) startGateway(ctx context.Context) (http.Handler, error) {
 		Tokens:              tokens,
 		ID:                  cfg.NodeID,
 		OriginPatterns:      cfg.AllowedOrigins,
+		HistoryCacheBytes:   cfg.HistoryCacheBytes,
 		Registry:            s.reg,
 		Channels:            cfg.Channels,
 		Tasks:               cfg.Tasks,
