@@ -16,6 +16,30 @@ import (
 	"github.com/atriumhq/atrium/storage/sqlite"
 )
 
+// BenchmarkAppendMessages appends batches of 48 message events (prompts with
+// a client_id, as the WebSocket append benchmark sends), which the
+// events_prompt index holds; one op is one batch.
+func BenchmarkAppendMessages(b *testing.B) {
+	const size = 48
+	l := mustCreate(b, newDir(b), "s_bench")
+	next := session.Seq(1)
+	evs := make([]session.Stored, size)
+	var ru0, ru1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	for b.Loop() {
+		for i := range evs {
+			evs[i] = message(next, "bench", fmt.Sprintf("run-c%d-%d", i%8, next))
+			next++
+		}
+		if err := l.Append(context.Background(), evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano()
+	b.ReportMetric(float64(cpu)/1e3/float64(next-1), "cpu-µs/event")
+}
+
 // BenchmarkAppend appends batches of ~300-byte events; one op is one batch
 // (one transaction).
 func BenchmarkAppend(b *testing.B) {

@@ -67,7 +67,7 @@ func TestLog_PromptSeq(t *testing.T) {
 }
 
 // TestLog_PromptSeqMigrated opens a history of schema version 1, which has
-// no events_prompt index: the migration builds it from the events there.
+// no events_prompt index: the migrations build it from the events there.
 func TestLog_PromptSeqMigrated(t *testing.T) {
 	ctx := context.Background()
 	d := newDir(t)
@@ -81,7 +81,8 @@ func TestLog_PromptSeqMigrated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`DROP INDEX events_prompt; PRAGMA user_version = 1`); err != nil {
+	if _, err := db.Exec(`DROP INDEX events_prompt; ALTER TABLE events DROP COLUMN prompt_by;
+		ALTER TABLE events DROP COLUMN prompt_client_id; PRAGMA user_version = 1`); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
@@ -96,6 +97,66 @@ func TestLog_PromptSeqMigrated(t *testing.T) {
 	mustAppend(t, l, message(4, "ann", "c-3"))
 	if got, err := l.PromptSeq(ctx, "ann", "c-3"); err != nil || got != 4 {
 		t.Errorf("PromptSeq of a new prompt = %d, %v; want 4", got, err)
+	}
+}
+
+// TestLog_PromptSeqMigratedColumns opens a history of schema version 2,
+// whose events_prompt index was over json_extract expressions: the
+// migration fills the prompt columns of the message events there, so the
+// prompts written before are found, and only those a lookup could find
+// before (a by and a client_id that are strings).
+func TestLog_PromptSeqMigratedColumns(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t)
+	l := mustCreate(t, d, "s_a")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", filepath.Join(d.Path, "s_a.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`DROP INDEX events_prompt`,
+		`ALTER TABLE events DROP COLUMN prompt_by`,
+		`ALTER TABLE events DROP COLUMN prompt_client_id`,
+		`CREATE INDEX events_prompt ON events (json_extract(json, '$.by'), json_extract(json, '$.data.client_id'), seq) WHERE kind = 'message'`,
+		`PRAGMA user_version = 2`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, e := range []session.Stored{
+		message(1, "ann", "c-1"),
+		{Seq: 2, Kind: session.KindOutput, JSON: []byte(`{"seq":2,"kind":"output","by":"ann","data":{"client_id":"c-9"}}`)},
+		{Seq: 3, Kind: session.KindMessage, JSON: []byte(`{"seq":3,"kind":"message","by":"ann","data":{"client_id":7}}`)},
+		{Seq: 4, Kind: session.KindMessage, JSON: []byte(`{"seq":4,"kind":"message","data":{"client_id":"c-4"}}`)},
+		message(5, "bob", "c-1"),
+	} {
+		if _, err := db.Exec(`INSERT INTO events (seq, kind, json) VALUES (?, ?, ?)`, e.Seq, string(e.Kind), e.JSON); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	l, err = d.Open(ctx, "s_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, c := range []struct {
+		by, clientID string
+		want         session.Seq
+	}{
+		{"ann", "c-1", 1}, {"bob", "c-1", 5}, {"ann", "c-9", 0}, {"ann", "7", 0}, {"", "c-4", 0},
+	} {
+		if got, err := l.PromptSeq(ctx, c.by, c.clientID); err != nil || got != c.want {
+			t.Errorf("PromptSeq(%q, %q) after migration = %d, %v; want %d", c.by, c.clientID, got, err, c.want)
+		}
+	}
+	mustAppend(t, l, message(6, "ann", "c-6"))
+	if got, err := l.PromptSeq(ctx, "ann", "c-6"); err != nil || got != 6 {
+		t.Errorf("PromptSeq of a new prompt = %d, %v; want 6", got, err)
 	}
 }
 

@@ -47,8 +47,8 @@ func (p *promptSet) add(by, clientID string) { p.hashes[p.key(by, clientID)] = s
 // loadPromptSetLocked builds l.prompts from the events_prompt index. l.mu
 // must be held, so no Append runs meanwhile.
 func (l *Log) loadPromptSetLocked(ctx context.Context) error {
-	rows, err := l.writer.QueryContext(ctx, `SELECT `+promptBy+`, `+promptClientID+` FROM events INDEXED BY events_prompt
-		WHERE kind = 'message' AND `+promptClientID+` IS NOT NULL`)
+	rows, err := l.writer.QueryContext(ctx, `SELECT prompt_by, prompt_client_id FROM events INDEXED BY events_prompt
+		WHERE prompt_client_id IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("load prompts: %w", err)
 	}
@@ -74,27 +74,53 @@ func (l *Log) loadPromptSetLocked(ctx context.Context) error {
 	return nil
 }
 
-// notePromptsLocked adds the message events of a committed batch to
-// l.prompts. A message it cannot read as the index does drops the set, and
-// lookups go to SQL again. l.mu must be held.
-func (l *Log) notePromptsLocked(evs []session.Stored) {
-	if l.prompts == nil {
-		return
-	}
-	for _, ev := range evs {
+// prompt is what the events_prompt index holds of an event (readPrompts).
+type prompt struct {
+	by, clientID        string
+	hasBy, hasClientID  bool
+	message, unreadable bool // a message event; one that is not a JSON object
+}
+
+// indexed reports whether the event is in the events_prompt index: a
+// message with a by and a data.client_id, both strings.
+func (p prompt) indexed() bool { return p.message && p.hasBy && p.hasClientID }
+
+// readPrompts reads by and data.client_id of each message event of evs.
+func readPrompts(evs []session.Stored) []prompt {
+	ps := make([]prompt, len(evs))
+	for i, ev := range evs {
 		if ev.Kind != session.KindMessage {
 			continue
 		}
-		by, clientID, hasBy, hasClientID, ok := scanPrompt(ev.JSON)
+		p := &ps[i]
+		p.message = true
+		var ok bool
+		p.by, p.clientID, p.hasBy, p.hasClientID, ok = scanPrompt(ev.JSON)
 		if !ok {
-			by, clientID, hasBy, hasClientID, ok = decodePrompt(ev.JSON)
+			p.by, p.clientID, p.hasBy, p.hasClientID, ok = decodePrompt(ev.JSON)
 		}
-		if !ok || !hasBy {
+		p.unreadable = !ok
+	}
+	return ps
+}
+
+// notePromptsLocked adds the prompts of a committed batch (readPrompts) to
+// l.prompts. A message without a by (or not a JSON object) drops the set,
+// and lookups go to SQL again. l.mu must be held.
+func (l *Log) notePromptsLocked(ps []prompt) {
+	if l.prompts == nil {
+		return
+	}
+	for _, p := range ps {
+		if !p.message {
+			continue
+		}
+		if p.unreadable || !p.hasBy {
 			l.prompts = nil
 			return
 		}
-		if hasClientID {
-			l.prompts.add(by, clientID)
+		if p.hasClientID {
+			l.prompts.add(p.by, p.clientID)
 		}
 	}
 }
