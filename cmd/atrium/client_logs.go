@@ -234,23 +234,36 @@ func summary(ev session.Event) string {
 	return oneLine(string(ev.Data), 200)
 }
 
-// agentSummary shows an agent object: its type and its text when it has one,
-// else its compact JSON.
+// agentSummary shows a harness's agent object whole, on one line: its type
+// and its text when it has one (as `logs` shows an agent_message), else its
+// type and the rest of its compact JSON. It is never cut: a person reading
+// an agent's work needs all of it, and --json is there for scripts.
 func agentSummary(data json.RawMessage) string {
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(data, &obj) != nil {
-		return oneLine(string(data), 200)
+		return flat(agentSafe(string(data)))
 	}
 	var typ, text string
 	_ = json.Unmarshal(obj["type"], &typ)
+	typ = agentSafe(typ)
 	for _, k := range []string{"text", "message", "content", "result"} {
 		if json.Unmarshal(obj[k], &text) == nil && text != "" {
-			return typ + ": " + oneLine(text, 200)
+			return typ + ": " + flat(agentSafe(text))
 		}
 	}
 	delete(obj, "turn")
-	b, _ := json.Marshal(obj)
-	return oneLine(string(b), 200)
+	if typ != "" {
+		delete(obj, "type")
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // <a>.go, not \u003ca\u003e.go
+	_ = enc.Encode(obj)
+	rest := strings.TrimSpace(b.String())
+	if typ == "" {
+		return rest
+	}
+	return typ + ": " + rest
 }
 
 func allowWord(allow bool) string {
