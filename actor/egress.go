@@ -109,7 +109,7 @@ func (p *egressPolicy) check(entries []string) ([]string, error) {
 				"sandboxes on this server have the network (no allowlist applies): egress entries are not accepted")
 		}
 		if !slices.ContainsFunc(p.permit, func(q egressEntry) bool { return q.covers(n) }) {
-			return nil, session.Errorf(session.CodeBadRequest, "egress to %s is not permitted on this server (sandbox.egress_permit)", n.text)
+			return nil, session.Errorf(session.CodeForbidden, "egress to %s is not permitted on this server (sandbox.egress_permit)", n.text)
 		}
 		if !slices.Contains(out, n.text) {
 			out = append(out, n.text)

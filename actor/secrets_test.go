@@ -304,12 +304,18 @@ func TestHost_Egress(t *testing.T) {
 	})
 
 	t.Run("refused at create", func(t *testing.T) {
-		for _, entries := range [][]string{{"evil.test"}, {"allowed.test"}, {"a.allowed.test:8443"}, {"fixed.test"}, {"http://x.allowed.test"}, {"*"}} {
+		// Entries that are not host names are bad requests; hosts beyond
+		// the operator's permit list are forbidden, naming it.
+		for _, entries := range [][]string{{"http://x.allowed.test"}, {"*"}} {
 			rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: session.NewID(), Egress: entries})
 			wantCode(t, strings.Join(entries, ","), rep, session.CodeBadRequest, "")
 		}
+		for _, entries := range [][]string{{"allowed.test"}, {"a.allowed.test:8443"}, {"fixed.test"}} {
+			rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: session.NewID(), Egress: entries})
+			wantCode(t, strings.Join(entries, ","), rep, session.CodeForbidden, "(sandbox.egress_permit)")
+		}
 		rep := e.place("alice", session.PlaceRequest{Op: session.PlaceCreate, Session: session.NewID(), Egress: []string{"evil.test"}})
-		wantCode(t, "evil", rep, session.CodeBadRequest, "egress to evil.test is not permitted on this server (sandbox.egress_permit)")
+		wantCode(t, "evil", rep, session.CodeForbidden, "egress to evil.test is not permitted on this server (sandbox.egress_permit)")
 	})
 
 	id := session.NewID()
@@ -341,7 +347,7 @@ func TestHost_Egress(t *testing.T) {
 		rep := e.cmd(id, "bob", session.Command{Op: session.OpEgress, Egress: []string{"other.allowed.test"}})
 		wantCode(t, "driver", rep, session.CodeForbidden, "")
 		rep = e.cmd(id, "alice", session.Command{Op: session.OpEgress, Egress: []string{"nope.test"}})
-		wantCode(t, "unpermitted", rep, session.CodeBadRequest, "egress to nope.test is not permitted")
+		wantCode(t, "unpermitted", rep, session.CodeForbidden, "egress to nope.test is not permitted")
 		rep = e.cmd(id, "alice", session.Command{Op: session.OpEgress, Egress: []string{"other.allowed.test"}})
 		if rep.Error != nil || rep.Session == nil || strings.Join(rep.Session.Egress, ",") != "other.allowed.test" {
 			t.Fatalf("set egress: %+v", rep)

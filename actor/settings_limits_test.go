@@ -165,7 +165,7 @@ func TestAgent_SettingsAgentAndEgress(t *testing.T) {
 	}
 	bad := []string{"evil.test"}
 	rep = e.cmd(id, "alice", session.Command{Op: session.OpSettings, Settings: &session.SettingsPatch{Egress: &bad}})
-	wantCode(t, "egress not permitted", rep, session.CodeBadRequest, "sandbox.egress_permit")
+	wantCode(t, "egress not permitted", rep, session.CodeForbidden, "sandbox.egress_permit")
 }
 
 // TestAgent_SettingsHarness: settings.harness turns an agent session into a

@@ -73,10 +73,10 @@ func TestE2E_Secrets(t *testing.T) {
 	}
 	// Egress: this node permits nothing, so any entry is refused with the reason.
 	code, body = e.call("POST", "/v1/sessions", "alice", `{"egress":["github.com"]}`)
-	if code != http.StatusBadRequest || !strings.Contains(string(body), "egress to github.com is not permitted on this server (sandbox.egress_permit)") {
+	if code != http.StatusForbidden || !strings.Contains(string(body), "egress to github.com is not permitted on this server (sandbox.egress_permit)") {
 		t.Errorf("create with egress: %d %s", code, body)
 	}
-	if code, body := e.call("PUT", path+"/egress", "alice", `{"allow":["github.com"]}`); code != http.StatusBadRequest || !strings.Contains(string(body), "sandbox.egress_permit") {
+	if code, body := e.call("PUT", path+"/egress", "alice", `{"allow":["github.com"]}`); code != http.StatusForbidden || !strings.Contains(string(body), "sandbox.egress_permit") {
 		t.Errorf("put egress: %d %s", code, body)
 	}
 	if code, body := e.call("PUT", path+"/egress", "bob", `{"allow":[]}`); code != http.StatusForbidden {

@@ -114,6 +114,12 @@ func TestPatchSession(t *testing.T) {
 		!strings.Contains(string(body), "sets no limit a session may choose within (sandbox.workspace_disk_bytes)") {
 		t.Errorf("disk_bytes on a node without a workspace quota: %d %s", code, body)
 	}
+	// An egress allowlist beyond the operator's permit list (this node
+	// permits nothing) is a limit too: 403 naming it.
+	if code, body := e.call("PATCH", path, "alice", `{"settings":{"egress":["github.com"]}}`); code != http.StatusForbidden ||
+		errCode(t, body) != session.CodeForbidden || !strings.Contains(string(body), "not permitted on this server (sandbox.egress_permit)") {
+		t.Errorf("egress beyond the permit list: %d %s", code, body)
+	}
 	if code, body := e.call("GET", "/v1/sessions/"+string(plain.ID), "alice", nil); code != 200 || strings.Contains(string(body), `"settings"`) {
 		t.Errorf("a session without settings of its own shows them: %d %s", code, body)
 	}
