@@ -233,10 +233,13 @@ func explain(err error, server string) error {
 			hint = "run 'atrium login', or pass --token or set " + envToken + " (a dev server accepts --token dev:<user>; " +
 				"a new server in token mode: 'atrium token create --bootstrap' on its machine)"
 		case session.CodeForbidden:
-			if strings.HasPrefix(msg, "settings:") {
+			switch {
+			case strings.HasPrefix(msg, "settings:"):
 				// Beyond a limit the operator sets, not a missing role.
 				hint = "choose a value within the limit, or ask the server's operator to raise it"
-			} else {
+			case strings.HasSuffix(msg, "(sandbox.egress_permit)"):
+				hint = "a session may allow only hosts the server's operator permits: ask them to add it to sandbox.egress_permit"
+			default:
 				hint = "ask the session's owner for a role: atrium share ID YOU --role driver"
 			}
 		case session.CodeNotFound:
