@@ -28,7 +28,8 @@ TEXT "-" reads the prompt from stdin.
 
 With --wait, follow the session until the turn of this prompt finishes,
 printing its output as it streams (the harness's stdout to stdout, its stderr
-to stderr). The exit status is 0 when the turn finished ok and 1 otherwise
+to stderr; for a coding agent, its messages to stdout and its tool calls, plans
+and approval requests to stderr). The exit status is 0 when the turn finished ok and 1 otherwise
 (failed, cancelled or timed out; the message says which, with the exit code).
 Ctrl-C stops waiting, not the turn. With --json, print {"seq":N}, or with
 --wait the turn's events as JSON lines.`,
@@ -146,6 +147,15 @@ func printTurnEvent(env *cliEnv, id session.ID, ev session.Event) error {
 	case session.KindAgent:
 		_, err := fmt.Fprintln(env.stdout, agentSummary(ev.Data))
 		return err
+	case session.KindAgentMessage: // an ACP agent's answer: its text as it wrote it
+		var d session.AgentMessageData
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			return fmt.Errorf("decode agent_message event %d: %w", ev.Seq, err)
+		}
+		_, err := fmt.Fprintln(env.stdout, strings.TrimRight(d.Text, "\n"))
+		return err
+	case session.KindToolCall, session.KindToolCallUpdate, session.KindPlan:
+		fmt.Fprintf(env.stderr, "%s: %s\n", ev.Kind, summary(ev))
 	case session.KindApprovalRequested:
 		var d session.ApprovalRequestedData
 		_ = json.Unmarshal(ev.Data, &d)

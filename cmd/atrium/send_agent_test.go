@@ -1,0 +1,45 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/atriumhq/atrium/session"
+)
+
+// TestCLI_SendWaitAgent: `atrium send --wait` on an agent session prints
+// what the agent did — its tool calls as notes on stderr and its messages
+// on stdout — not nothing (the README's agent tour follows turns with it).
+func TestCLI_SendWaitAgent(t *testing.T) {
+	url := startAgentStack(t)
+	c := newCLI(t, url)
+	req, _ := http.NewRequestWithContext(cliContext(t), "POST", url+"/v1/sessions", strings.NewReader(`{"title":"agent","agent":"scripted"}`))
+	req.Header.Set("Authorization", "Bearer dev:alice")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s session.Session
+	err = json.NewDecoder(resp.Body).Decode(&s)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create an agent session: %d %v", resp.StatusCode, err)
+	}
+
+	out, errs, err := c.run(cliContext(t), nil, "send", string(s.ID), "tool", "--wait")
+	if err != nil {
+		t.Fatalf("send --wait: %v\nstdout: %s\nstderr: %s", err, out, errs)
+	}
+	if !strings.Contains(out, "Done.") {
+		t.Errorf("send --wait's stdout lacks the agent's message %q:\n%s", "Done.", out)
+	}
+	if !strings.Contains(errs, "[edit] Edit a.txt") || !strings.Contains(errs, "call-1 → completed") {
+		t.Errorf("send --wait's stderr lacks the tool call and its completion:\n%s", errs)
+	}
+	if strings.Contains(out+errs, `{"`) {
+		t.Errorf("send --wait printed raw JSON:\nstdout: %s\nstderr: %s", out, errs)
+	}
+}
