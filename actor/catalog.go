@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -10,10 +11,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/atriumhq/atrium/session"
+	"github.com/atriumhq/atrium/session/retry"
 )
 
 // catalogTimeout bounds one catalog write.
 const catalogTimeout = 5 * time.Second
+
+// catalogTries is how many compare-and-sets an owner's catalog write tries
+// before giving up (writeOwned), waiting by catalogRetry between them (a
+// revision read from a replica that lags fails the compare-and-set until it
+// catches up).
+const catalogTries = 5
+
+var catalogRetry = retry.Policy{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 
 // catalogWriter mirrors session state to the catalog KV bucket off the
 // actors' paths. Writes for one session are coalesced: only the newest state
@@ -33,6 +43,10 @@ type catalogWriter struct {
 	stopped bool                    // guarded by mu
 	idle    *sync.Cond              // signalled when pending is empty and busy is 0
 
+	// revs is the revision of each session's entry after this writer's
+	// last compare-and-set of it (writeOwned); owned by run.
+	revs map[session.ID]uint64
+
 	wake chan struct{} // cap 1
 	done chan struct{} // closed by stop
 }
@@ -43,6 +57,7 @@ func newCatalogWriter(kv jetstream.KeyValue, log *slog.Logger) *catalogWriter {
 		log:     log,
 		pending: map[session.ID]*session.CatalogEntry{},
 		guards:  map[session.ID]func() error{},
+		revs:    map[session.ID]uint64{},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
@@ -178,14 +193,13 @@ func (c *catalogWriter) writeAll() {
 		c.mu.Unlock()
 		for id, e := range batch {
 			if owned := guards[id]; owned != nil {
-				if err := owned(); err != nil {
-					c.log.Debug("catalog entry not written: this node may no longer own the session", "session", id, "err", err)
-					for _, f := range waiters[id] {
-						f()
-					}
-					continue
+				c.writeOwned(id, e, owned)
+				for _, f := range waiters[id] {
+					f()
 				}
+				continue
 			}
+			delete(c.revs, id)
 			c.write(id, e)
 			for _, f := range waiters[id] {
 				f()
@@ -195,6 +209,65 @@ func (c *catalogWriter) writeAll() {
 		c.busy = 0
 		c.mu.Unlock()
 	}
+}
+
+// writeOwned writes an owner's entry e if owned returns nil, with a
+// compare-and-set on the entry's revision read before owned is asked. A
+// check followed by a plain put was not enough: a node paused (SIGSTOP, a
+// long GC pause) between the two sent the put at its thaw, over the entry
+// of the node that took the session over meanwhile, and the catalog named
+// the paused node again (issue 21, a third freeze in a row: seen at the
+// thaw in TestCluster_FreezeOwner with a pause widened between the two).
+// A revision read before a check that passed predates any new owner (it
+// writes only after this node's lease is gone), so the new owner's write,
+// whenever it lands, fails this one; a write of this node that lands first
+// is overwritten by the new owner's, which retries on the revision it finds.
+func (c *catalogWriter) writeOwned(id session.ID, e *session.CatalogEntry, owned func() error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		c.log.Warn("write catalog entry", "session", id, "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
+	defer cancel()
+	for try := range catalogTries {
+		if try > 0 {
+			select {
+			case <-time.After(catalogRetry.Delay(try)):
+			case <-ctx.Done():
+			}
+		}
+		rev, known := c.revs[id]
+		if !known {
+			ent, err := c.kv.Get(ctx, string(id))
+			switch {
+			case err == nil:
+				rev = ent.Revision()
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				rev = 0 // Not written yet: the first write creates it.
+			default:
+				c.log.Warn("write catalog entry: read its revision", "session", id, "err", err)
+				return
+			}
+		}
+		if err := owned(); err != nil {
+			c.log.Debug("catalog entry not written: this node may no longer own the session", "session", id, "err", err)
+			return
+		}
+		next, err := c.kv.Update(ctx, string(id), b, rev)
+		if err == nil {
+			c.revs[id] = next
+			return
+		}
+		delete(c.revs, id)
+		if !isWrongLastSeq(err) {
+			c.log.Warn("write catalog entry", "session", id, "err", err)
+			return
+		}
+		// Written meanwhile (another node, or a write of this one whose
+		// reply was lost): read it again and ask owned again.
+	}
+	c.log.Warn("write catalog entry: written by others at every try", "session", id, "tries", catalogTries)
 }
 
 func (c *catalogWriter) write(id session.ID, e *session.CatalogEntry) {
@@ -231,7 +304,9 @@ func (s *sessionActor) putCatalog() { s.putCatalogThen(nil) }
 func (s *sessionActor) putCatalogThen(done func()) {
 	s.catalogAt = time.Now()
 	s.catalogSeq, s.catalogSandbox = s.events.durable, s.sandbox.sandboxState
-	var owned func() error
+	// Not written once the session is no longer held (s.lease is nil
+	// after a teardown, close or delete): only its owner names this node.
+	owned := func() error { return errLeaseLost }
 	if l := s.lease; l != nil {
 		owned = l.check
 	}

@@ -34,6 +34,9 @@ type OwnerStore interface {
 	// Delete writes a delete marker at key if rev is still its newest
 	// revision and returns the marker's revision.
 	Delete(ctx context.Context, key string, rev uint64) (uint64, error)
+	// List returns the newest record of every key matching pattern that
+	// is not deleted, read from any replica (it may miss a recent write).
+	List(ctx context.Context, pattern string) ([]*ajs.Record, error)
 	// Watch delivers later writes to the keys matching pattern until stop.
 	Watch(ctx context.Context, pattern string) (updates <-chan *ajs.Record, stop func(), err error)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -94,6 +95,39 @@ func (f *fakeOwners) Delete(_ context.Context, key string, rev uint64) (uint64, 
 		return 0, ajs.ErrRevision
 	}
 	return f.writeLocked(key, nil, true), nil
+}
+
+func (f *fakeOwners) List(_ context.Context, pattern string) ([]*ajs.Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	var out []*ajs.Record
+	for key, r := range f.keys {
+		if !r.Deleted && keyMatches(pattern, key) {
+			c := *r
+			out = append(out, &c)
+		}
+	}
+	return out, nil
+}
+
+// keyMatches reports whether key matches the NATS wildcard pattern (* one
+// token, > the rest).
+func keyMatches(pattern, key string) bool {
+	p, k := strings.Split(pattern, "."), strings.Split(key, ".")
+	for i, tok := range p {
+		switch {
+		case tok == ">":
+			return len(k) > i
+		case i >= len(k):
+			return false
+		case tok != "*" && tok != k[i]:
+			return false
+		}
+	}
+	return len(p) == len(k)
 }
 
 func (f *fakeOwners) Watch(ctx context.Context, pattern string) (<-chan *ajs.Record, func(), error) {

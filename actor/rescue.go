@@ -286,6 +286,7 @@ func (h *Host) claimRescue(ctx context.Context, names *nodeNames, node string, r
 		return
 	}
 	names.endClaim(claim, true)
+	h.log.Info("a node's lease ended; this node rescues its sessions", "gone", node, "lease_revision", rev)
 	if h.rescueHook != nil {
 		h.rescueHook(node)
 		return
@@ -321,44 +322,117 @@ func (h *Host) endStale(ctx context.Context, node string, rev uint64, unseen tim
 	}
 }
 
-// rescue activates on this node every session the catalog says was active
-// on node, whose lease ended. Reading the catalog is retried with backoff
-// for up to a minute: this node claimed the rescue, nobody else does it.
+// rescue activates on this node every session that node, whose lease
+// ended, held: those whose ownership record names it, and those the catalog
+// says were active on it. Reading both is retried with backoff for up to a
+// minute: this node claimed the rescue, nobody else does it.
+//
+// The records are what decides: they are written with compare-and-set
+// only, so a paused node cannot write one over its successor's. The
+// catalog's node field can be stale: a catalog write that passed its lease
+// check just before a pause (SIGSTOP) reaches NATS at the thaw, over the
+// entry of the node that took the session over meanwhile; a rescue that
+// read only the catalog then found nothing of the next node to freeze, and
+// its sessions waited until it ran again (issue 21, a third freeze in a
+// row). The catalog still adds sessions active on node that it held no
+// record of (a node that stopped with prompts queued).
 func (h *Host) rescue(ctx context.Context, node string) {
-	var entries []session.CatalogEntry
+	var (
+		entries []session.CatalogEntry
+		held    []session.ID
+	)
 	backoff := retry.Policy{Min: 50 * time.Millisecond, Max: time.Second}.BackOff()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, openTimeout)
 		var err error
-		entries, err = h.activeEntries(rctx)
+		if entries, err = h.catalogEntries(rctx); err == nil {
+			held, err = h.heldBy(rctx, node)
+		}
 		cancel()
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			h.log.Warn("rescue the sessions of a node that is gone: read catalog", "gone", node, "err", err)
+			h.log.Warn("rescue the sessions of a node that is gone: read the catalog and the ownership records", "gone", node, "err", err)
 			return
 		}
-		h.log.Info("rescue the sessions of a node that is gone: read catalog; retrying", "gone", node, "err", err)
+		h.log.Info("rescue the sessions of a node that is gone: read the catalog and the ownership records; retrying", "gone", node, "err", err)
 		select {
 		case <-time.After(backoff.NextBackOff()):
 		case <-ctx.Done():
 			return
 		}
 	}
-	n := 0
+	byID := make(map[session.ID]session.CatalogEntry, len(entries))
+	var todo []session.CatalogEntry
+	active := 0
 	for _, c := range entries {
-		if c.Node == node {
-			h.wg.Go(func() { h.rescueOne(ctx, c) })
-			n++
+		byID[c.ID] = c
+		if c.State == session.StateActive {
+			active++
+			if c.Node == node {
+				todo = append(todo, c)
+			}
 		}
 	}
-	if n > 0 {
-		h.log.Info("taking over the active sessions of a node whose lease ended", "gone", node, "sessions", n)
-	} else {
-		h.log.Info("a node whose lease ended had no active session in the catalog", "gone", node, "active", len(entries))
+	var stale []session.ID
+	for _, id := range held {
+		c, ok := byID[id]
+		switch {
+		case !ok:
+			// Deleted meanwhile, or never written: nobody to act as.
+			h.log.Warn("a session held by a node that is gone has no catalog entry; not rescued", "gone", node, "session", id)
+		case c.State != session.StateActive || c.Node != node:
+			todo = append(todo, c)
+			stale = append(stale, id)
+		}
 	}
+	if len(stale) > 0 {
+		h.log.Warn("the catalog did not name the node that held these sessions; rescuing them from their ownership records",
+			"gone", node, "sessions", stale)
+	}
+	for _, c := range todo {
+		h.wg.Go(func() { h.rescueOne(ctx, c) })
+	}
+	if len(todo) > 0 {
+		h.log.Info("taking over the active sessions of a node whose lease ended", "gone", node, "sessions", len(todo))
+	} else {
+		h.log.Info("a node whose lease ended held no session and had no active one in the catalog", "gone", node, "active", active)
+	}
+}
+
+// heldBy returns the sessions whose ownership record names node under an
+// incarnation its lease does not name now: those it held when its lease
+// ended (a node that came back under a new incarnation keeps what it took
+// since).
+func (h *Host) heldBy(ctx context.Context, node string) ([]session.ID, error) {
+	recs, err := h.owners.List(ctx, session.LeaseKey(">"))
+	if err != nil {
+		return nil, err
+	}
+	var live string
+	if cur, err := h.owners.Latest(ctx, session.NodeLeaseKey(node)); err != nil {
+		return nil, err
+	} else if cur != nil && !cur.Deleted {
+		var nl session.Lease
+		if json.Unmarshal(cur.Value, &nl) == nil {
+			live = nl.Inc
+		}
+	}
+	var out []session.ID
+	for _, r := range recs {
+		var rec session.Lease
+		if json.Unmarshal(r.Value, &rec) != nil || rec.Node != node || rec.Inc == "" || rec.Inc == live {
+			continue
+		}
+		id := session.ID(strings.TrimPrefix(r.Key, session.LeaseKey("")))
+		if id.Validate() != nil {
+			continue
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }
 
 // rescueOne activates session c on this node, through its own place
@@ -409,6 +483,22 @@ func (h *Host) activate(c session.CatalogEntry) {
 
 // activeEntries reads the catalog entries whose state is active.
 func (h *Host) activeEntries(ctx context.Context) ([]session.CatalogEntry, error) {
+	all, err := h.catalogEntries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, c := range all {
+		if c.State == session.StateActive {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// catalogEntries reads every entry of the catalog, whatever its state;
+// unreadable entries are left out.
+func (h *Host) catalogEntries(ctx context.Context) ([]session.CatalogEntry, error) {
 	w, err := h.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
@@ -426,7 +516,7 @@ func (h *Host) activeEntries(ctx context.Context) ([]session.CatalogEntry, error
 			return out, nil // The initial values are done.
 		}
 		var c session.CatalogEntry
-		if err := json.Unmarshal(ent.Value(), &c); err != nil || c.State != session.StateActive || c.ID.Validate() != nil {
+		if err := json.Unmarshal(ent.Value(), &c); err != nil || c.ID.Validate() != nil {
 			continue
 		}
 		out = append(out, c)

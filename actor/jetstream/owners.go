@@ -108,6 +108,33 @@ func (o *Owners) Delete(ctx context.Context, key string, rev uint64) (uint64, er
 	return ack.Sequence, nil
 }
 
+// List returns the newest record of every key matching pattern (a NATS
+// wildcard pattern of keys) that is not deleted. It reads the bucket through
+// a consumer, not from the stream's leader: a record written a moment ago may
+// be missing, so no decision that needs the newest revision rests on it.
+func (o *Owners) List(ctx context.Context, pattern string) ([]*Record, error) {
+	w, err := o.kv.Watch(ctx, pattern, njs.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", pattern, err)
+	}
+	defer w.Stop()
+	var out []*Record
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("list %s: the watcher stopped", pattern)
+			}
+			if e == nil {
+				return out, nil // The initial values are done.
+			}
+			out = append(out, &Record{Key: e.Key(), Rev: e.Revision(), Value: e.Value()})
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list %s: %w", pattern, ctx.Err())
+		}
+	}
+}
+
 // Watch delivers every later write to the keys matching pattern (a NATS
 // wildcard pattern of keys) on the returned channel until ctx ends or stop
 // is called; the channel is closed when the watch ends.
