@@ -109,6 +109,11 @@ type Config struct {
 	// SendQueue is how many frames may wait for one connection's writer;
 	// default DefaultSendQueue.
 	SendQueue int
+	// FanoutPace is the least time between two wake-ups of the writers of
+	// a session with 1,000 local watchers or more (proportionally less with
+	// fewer): events broadcast meanwhile are written together (hub.go,
+	// topic.broadcastLocked). Default DefaultFanoutPace; negative: none.
+	FanoutPace time.Duration
 	// HistoryCacheBytes bounds the latest events of watched sessions kept
 	// to serve resumes without reading them from the node again
 	// (histcache.go); default DefaultHistoryCacheBytes, negative: no cache.
@@ -181,6 +186,7 @@ type Server struct {
 	id            string
 	origins       []string
 	sendQueue     int
+	fanoutPace    time.Duration // negative: none
 	reqTimeout    time.Duration
 	replicas      int // Config.Replicas, at least 1
 	writeTimeout  time.Duration
@@ -263,6 +269,7 @@ func New(cfg Config) (*Server, error) {
 		id:            cfg.ID,
 		origins:       cfg.OriginPatterns,
 		sendQueue:     cfg.SendQueue,
+		fanoutPace:    cfg.FanoutPace,
 		reqTimeout:    cfg.RequestTimeout,
 		replicas:      max(cfg.Replicas, 1),
 		writeTimeout:  cfg.WriteTimeout,
@@ -281,6 +288,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.sendQueue <= 0 {
 		s.sendQueue = DefaultSendQueue
+	}
+	if s.fanoutPace == 0 {
+		s.fanoutPace = DefaultFanoutPace
 	}
 	if s.reqTimeout <= 0 {
 		s.reqTimeout = DefaultRequestTimeout

@@ -15,6 +15,13 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// DefaultFanoutPace is the default of Config.FanoutPace.
+const DefaultFanoutPace = 20 * time.Millisecond
+
+// paceWatchers is the number of local watchers at which a topic's pacing
+// reaches the full Config.FanoutPace; below, it is that much shorter.
+const paceWatchers = 1000
+
 // hubBuffer is the capacity of the channel that every NATS subscription of
 // the hub delivers into. When it is full NATS drops messages; watchers then
 // see a gap and refetch it from history, and presence is republished.
@@ -68,6 +75,10 @@ func (w *watcher) setRole(r session.Role) { w.role.Store(r) }
 type hub struct {
 	s    *Server
 	msgs chan *nats.Msg
+	// pace is the least time between two wake-ups of the writers of a
+	// topic with paceWatchers local watchers or more (see
+	// topic.broadcastLocked); 0 wakes them at every broadcast.
+	pace time.Duration
 	// hist caches the latest events of watched sessions for resumes.
 	hist *histCache
 
@@ -97,6 +108,13 @@ type topic struct {
 	publish  bool                      // guarded by mu: our list must be published at the next flush
 	// nextFlush is the earliest time of the next presence flush.
 	nextFlush time.Time // guarded by mu
+
+	// Paced broadcast (see broadcastLocked): lastWake is when the
+	// watchers' writers were last woken; while armed, waker (created at
+	// the first use) will wake them again.
+	lastWake time.Time   // guarded by mu
+	armed    bool        // guarded by mu
+	waker    *time.Timer // guarded by mu
 }
 
 type remotePresence struct {
@@ -106,6 +124,7 @@ type remotePresence struct {
 
 func newHub(s *Server, histBytes int) *hub {
 	return &hub{
+		pace:   s.fanoutPace,
 		s:      s,
 		msgs:   make(chan *nats.Msg, hubBuffer),
 		hist:   newHistCache(histBytes),
@@ -259,6 +278,11 @@ func (h *hub) unsubscribeLocked(t *topic) {
 	_ = t.evSub.Unsubscribe()
 	_ = t.prSub.Unsubscribe()
 	_ = t.dlSub.Unsubscribe()
+	t.mu.Lock()
+	if t.waker != nil {
+		t.waker.Stop()
+	}
+	t.mu.Unlock()
 	h.s.metrics.sessions.Dec()
 }
 
@@ -415,13 +439,30 @@ func (t *topic) broadcast(s *Server, o out) {
 	t.broadcastLocked(s, o, true)
 }
 
+// broadcastLocked queues o to every watcher (but SSE streams unless toSSE).
+//
+// Broadcasts are paced: the writers of a topic are woken at most once per
+// period, Config.FanoutPace for paceWatchers local watchers and more,
+// proportionally less for fewer (a broadcast's cost is in its watchers).
+// The first broadcast after a quiet period wakes them at once; one that
+// comes sooner is only queued, and a timer wakes every writer when the
+// period ends, so each then writes all that came meanwhile with one system
+// call (and to an atrium.v1+batch client in one events frame). Waking a
+// writer and writing to its socket cost about the same whether one event or
+// ten wait, and so does the client's read: at a rate above one broadcast per
+// period, pacing divides the fan-out's CPU by the events per period, for at
+// most one period of added latency; below, it adds none.
 func (t *topic) broadcastLocked(s *Server, o out, toSSE bool) {
+	wake := t.paceLocked(s.hub.paceFor(len(t.watchers)), time.Now())
 	n := 0
 	for w := range t.watchers {
 		if w.sse && !toSSE {
 			continue
 		}
-		if w.q.push(o) {
+		if w.q.add(o) {
+			if wake {
+				w.q.signal()
+			}
 			n++
 			continue
 		}
@@ -439,13 +480,55 @@ func (t *topic) broadcastLocked(s *Server, o out, toSSE bool) {
 func (t *topic) broadcastDelta(s *Server, o out) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	wake := t.paceLocked(s.hub.paceFor(len(t.watchers)), time.Now())
 	for w := range t.watchers {
-		if !w.deltas || !w.live.Load() || w.q.push(o) {
+		if !w.deltas || !w.live.Load() {
+			continue
+		}
+		if w.q.add(o) {
+			if wake {
+				w.q.signal()
+			}
 			continue
 		}
 		if w.q.finish(ending{code: session.CloseSlowConsumer, reason: reasonSlowConsumer}) {
 			s.metrics.slow.Inc()
 		}
+	}
+}
+
+// paceFor returns the pacing period of a topic with n local watchers.
+func (h *hub) paceFor(n int) time.Duration {
+	return h.pace * time.Duration(min(n, paceWatchers)) / paceWatchers
+}
+
+// paceLocked reports whether a broadcast at now wakes the writers at once:
+// pace has passed since they were last woken (or pace is 0). Otherwise it
+// arms the timer that wakes them when it has.
+func (t *topic) paceLocked(pace time.Duration, now time.Time) bool {
+	if since := now.Sub(t.lastWake); pace <= 0 || since >= pace || since < 0 {
+		t.lastWake = now
+		return true
+	}
+	if !t.armed {
+		t.armed = true
+		if d := t.lastWake.Add(pace).Sub(now); t.waker == nil {
+			t.waker = time.AfterFunc(d, t.wakeAll)
+		} else {
+			t.waker.Reset(d)
+		}
+	}
+	return false
+}
+
+// wakeAll wakes every watcher's writer at the end of a pacing period.
+func (t *topic) wakeAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.armed = false
+	t.lastWake = time.Now()
+	for w := range t.watchers {
+		w.q.signal()
 	}
 }
 

@@ -171,9 +171,19 @@ func (q *queue) signal() {
 	}
 }
 
-// push queues o. It returns false when the queue is full; it drops o and
-// returns true when the queue has ended.
+// push queues o and wakes the writer. It returns false when the queue is
+// full; it drops o and returns true when the queue has ended.
 func (q *queue) push(o out) bool {
+	if !q.add(o) {
+		return false
+	}
+	q.signal()
+	return true
+}
+
+// add is push without waking the writer: the caller signals later (a
+// topic's paced broadcast, see topic.broadcastLocked).
+func (q *queue) add(o out) bool {
 	q.mu.Lock()
 	if q.end != nil {
 		q.mu.Unlock()
@@ -185,7 +195,6 @@ func (q *queue) push(o out) bool {
 	}
 	q.items = append(q.items, o)
 	q.mu.Unlock()
-	q.signal()
 	return true
 }
 
