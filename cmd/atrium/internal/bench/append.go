@@ -149,7 +149,7 @@ func (r *runner) appendREST(ctx context.Context, c *client, id session.ID, d tim
 // appendWS keeps cfg.WSWindow prompts in flight on each of cfg.WSConns
 // WebSockets for d and returns the ack latencies and the number
 // acknowledged. Each connection also receives every event, as any client
-// of the session does.
+// of the session does (in events frames when several come together).
 func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.Duration) (*Histogram, int64, error) {
 	cur, err := c.getSession(ctx, id)
 	if err != nil {
@@ -162,7 +162,10 @@ func (r *runner) appendWS(ctx context.Context, c *client, id session.ID, d time.
 		}
 	}()
 	for range r.cfg.WSConns {
-		w, err := c.dialWS(ctx, id, cur.LastSeq)
+		// Offering atrium.v1+batch as the Go client does (gateway/client):
+		// events that reach a connection together come in one events
+		// frame, as Centrifugo's pushes do in one WebSocket message.
+		w, err := c.dialWSWith(ctx, id, cur.LastSeq, session.SubprotocolBatch, session.Subprotocol)
 		if err != nil {
 			return nil, 0, err
 		}
