@@ -14,6 +14,10 @@ import (
 // are the node's. The values of MCP servers' env and headers are never
 // shown: they are replaced by RedactedValue.
 type Settings struct {
+	// Harness is a harness session's own harness: a template other than
+	// the default ("shell") or a command, with its stdin form; nil for the
+	// default and for an agent session (see Agent).
+	Harness *Harness `json:"harness,omitempty"`
 	// Agent is the session's agent (DESIGN §6); "" for a harness session.
 	Agent          string `json:"agent,omitempty"`
 	PermissionMode string `json:"permission_mode,omitempty"`
@@ -39,7 +43,7 @@ type Settings struct {
 
 // IsZero reports whether s holds no setting.
 func (s *Settings) IsZero() bool {
-	return s == nil || s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 && s.DiskBytes == 0 &&
+	return s == nil || s.Harness == nil && s.Agent == "" && s.PermissionMode == "" && s.TurnTimeout == "" && s.MemoryBytes == 0 && s.Pids == 0 && s.DiskBytes == 0 &&
 		len(s.MCPServers) == 0 && s.Setup == "" && s.InvokeConcurrency == 0
 }
 
@@ -189,6 +193,9 @@ func SettingsOf(meta *Meta) *Settings {
 	s := &Settings{
 		Agent: meta.Harness.Agent, PermissionMode: meta.Harness.PermissionMode, MemoryBytes: meta.MemoryBytes, Pids: meta.Pids, DiskBytes: meta.DiskBytes, Setup: meta.Setup,
 		InvokeConcurrency: meta.InvokeConcurrency,
+	}
+	if h := meta.Harness; h.Agent == "" && (len(h.Command) > 0 || h.Template != "" && h.Template != DefaultTemplate) {
+		s.Harness = &Harness{Template: h.Template, Command: append([]string(nil), h.Command...), Stdin: h.Stdin}
 	}
 	if meta.TurnTimeout > 0 {
 		s.TurnTimeout = time.Duration(meta.TurnTimeout).String()

@@ -248,6 +248,17 @@ func printSettings(env *cliEnv, s *session.Session) {
 	if st == nil {
 		return
 	}
+	if h := st.Harness; h != nil {
+		what := "template " + h.Template
+		if len(h.Command) > 0 {
+			b, _ := json.Marshal(h.Command)
+			what = "command " + string(b)
+		}
+		if h.Stdin != "" {
+			what += " (stdin " + h.Stdin + ")"
+		}
+		fmt.Fprintf(env.stdout, "harness: %s\n", what)
+	}
 	if st.Agent != "" {
 		fmt.Fprintf(env.stdout, "agent: %s\n", st.Agent)
 	}

@@ -25,3 +25,17 @@ func TestCLI_SettingsLimitHints(t *testing.T) {
 		t.Errorf("egress set beyond the permit list: %v", err)
 	}
 }
+
+// TestCLI_SettingsHarness: `atrium settings ID --set harness=JSON` shows the
+// harness back, and so does `atrium settings ID`.
+func TestCLI_SettingsHarness(t *testing.T) {
+	c := newCLI(t, startRealStack(t))
+	id := strings.TrimSpace(c.ok("new", "--title", "harness"))
+	const want = `harness: command ["bash","-c","cat"] (stdin text)` + "\n"
+	if out := c.ok("settings", id, "--set", `harness={"command":["bash","-c","cat"],"stdin":"text"}`); !strings.Contains(out, want) {
+		t.Errorf("settings --set harness = %q, want %q", out, want)
+	}
+	if out := c.ok("settings", id); !strings.Contains(out, want) {
+		t.Errorf("settings = %q, want %q", out, want)
+	}
+}
