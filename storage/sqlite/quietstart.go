@@ -9,8 +9,8 @@ import (
 )
 
 // quietStartMax bounds the batch a quiet start commits: far below the WAL's
-// auto-checkpoint threshold (1,000 pages), so no checkpoint, which must
-// sync, can run inside it.
+// auto-checkpoint threshold (walAutoCheckpoint pages), so no checkpoint,
+// which must sync, can run inside it.
 const quietStartMax = 256 << 10
 
 // The first commit after an Open starts the WAL afresh, and with
