@@ -476,6 +476,7 @@ func (h *Host) Start(ctx context.Context) error {
 		proto.WithDeadLetterThrottleInterval(50*time.Millisecond),
 		proto.WithDeadLetterRequestLogging(false),
 	)
+	compactRegistry(h.system) // hostmem.go
 	props := proto.PropsFromProducer(func() proto.Actor { return newManager(h) },
 		proto.WithSupervisor(proto.NewOneForOneStrategy(maxRestarts, restartWindow, restartDecider)))
 	h.manager, err = h.system.Root.SpawnNamed(props, "sessions")

@@ -208,11 +208,24 @@ func (m *manager) terminated(ctx proto.Context, who *proto.PID) {
 	}
 	delete(m.children, id)
 	m.shrink()
+	clearStaleChildren(ctx)
 	buffered := c.buffer
 	for _, p := range buffered {
 		m.route(ctx, p) // respawns, or refuses when shutting down
 	}
 	m.checkDone(ctx)
+}
+
+// clearStaleChildren clears the spare capacity of the manager's child set:
+// protoactor's PIDSet.Remove leaves the removed PID there, and a PID caches
+// its process (mailbox, context, props), so the set kept as many stopped
+// children's records as the manager once had children at the same time
+// (sessionCell lets go of the actor itself). Children returns the set's own
+// slice, and the set is only touched on the manager's goroutine.
+func clearStaleChildren(ctx proto.Context) {
+	if kids := ctx.Children(); cap(kids) > len(kids) {
+		clear(kids[len(kids):cap(kids)])
+	}
 }
 
 // checkDone finishes a shutdown once every session has stopped. Before

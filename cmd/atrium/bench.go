@@ -170,7 +170,7 @@ in docs/benchmarks.md.`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	f.BoolVar(&unsafe, "unsafe-no-sandbox", false, "run the benchmark harnesses (sleep, true) without bubblewrap")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (server and clients) to this file")
-	f.StringVar(&cfg.HeapProfile, "heapprofile", "", "the memory scenario writes the in-use heap with its hibernated sessions to this file (and before them to FILE.before: go tool pprof -base FILE.before FILE)")
+	f.StringVar(&cfg.HeapProfile, "heapprofile", "", "the memory scenario writes the in-use heap with its hibernated sessions to this file (before them to FILE.before, after the first half of them to FILE.mid: go tool pprof -base FILE.mid FILE)")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "show the servers' debug logs")
 	cmd.AddCommand(newBenchWatchersCmd(env))

@@ -55,7 +55,7 @@ const (
 	DefaultWSWindow           = 16
 	DefaultWakeSamples        = 200
 	DefaultActivationSessions = 1000
-	DefaultSessions           = 500
+	DefaultSessions           = 2000
 	DefaultResumeEvents       = 10000
 	DefaultResumeRuns         = 20
 	DefaultMaxRampSteps       = 7
