@@ -75,6 +75,7 @@ export class Model {
     this.usageSeen = new Set(); // seqs of usage events counted
     this.usageTurn = new Map(); // turn → {input, output, cached, cost, model}
     this.usageTotal = { input: 0, output: 0, cached: 0, cost: 0, events: 0 };
+    this.usageBySeq = new Map(); // seq of a usage event → {input, output, cached, cost}
     this.messageIDs = new Map(); // agent message_id → seq of its agent_message
     this.reset(this.store.lo);
   }
@@ -180,12 +181,31 @@ export class Model {
         this.usageTurn.set(d.turn, u);
         add(this.usageTotal);
         this.usageTotal.events++;
+        const one = { input: 0, output: 0, cached: 0, cost: 0 };
+        add(one);
+        this.usageBySeq.set(ev.seq, one);
         break;
       }
       case 'agent_message':
         if (typeof d.message_id === 'string' && d.message_id) this.messageIDs.set(d.message_id, ev.seq);
         break;
     }
+  }
+
+  /**
+   * usageAfter sums the usage events held whose seq is above seq: what
+   * came after a Session object's usage totals.
+   */
+  usageAfter(seq) {
+    const u = { input: 0, output: 0, cached: 0, cost: 0 };
+    for (const [at, one] of this.usageBySeq) {
+      if (at <= seq) continue;
+      u.input += one.input;
+      u.output += one.output;
+      u.cached += one.cached;
+      u.cost += one.cost;
+    }
+    return u;
   }
 
   /**

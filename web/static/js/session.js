@@ -224,9 +224,28 @@ export class SessionPage {
 
   setSession(s) {
     this.session = s;
+    // The server's usage totals of the whole session as of its last_seq
+    // (an extension; absent while there is no usage, or from a server
+    // without it): the header adds the usage events after it.
+    if (s && s.usage && Number.isInteger(s.last_seq)) this.usageBase = { totals: s.usage, at: s.last_seq };
     this.titleEl.textContent = visible(s.title) || 'Untitled session';
     this.renderTitle();
     if (s.role) this.setRole(s.role);
+    this.renderUsage();
+  }
+
+  // refreshSession reads the Session object again when an event says
+  // something the page shows from it changed: which sandbox runs the
+  // session (its kind is reported only once a sandbox exists). At most
+  // once every 10 s.
+  refreshSession() {
+    if (this.refreshing || this.stopped || Date.now() - (this.refreshedAt || 0) < 10000) return;
+    this.refreshing = true;
+    this.refreshedAt = Date.now();
+    api.getSession(this.id)
+      .then((s) => { if (!this.stopped) this.setSession({ ...s, role: this.role || s.role }); })
+      .catch(() => {})
+      .finally(() => { this.refreshing = false; this.scheduleStatus(); });
   }
 
   setRole(role) {
@@ -319,6 +338,9 @@ export class SessionPage {
         break;
       }
       case 'usage': // the status render (scheduled below) shows the totals
+        break;
+      case 'sandbox':
+        if (this.caughtUp && d.state && d.state !== 'stopped' && !(this.session && this.session.sandbox && this.session.sandbox.kind)) this.refreshSession();
         break;
       case 'files_changed':
         this.ws.changed();
@@ -547,7 +569,8 @@ export class SessionPage {
     if (!m) return;
     const sb = m.sandbox;
     this.sandboxEl.hidden = !sb;
-    this.sandboxEl.textContent = `Sandbox ${sb}${sandboxWhere(this.session)}`;
+    const sbText = sb === 'none' ? 'No sandbox yet' : `Sandbox ${sb}${sandboxWhere(this.session)}`;
+    if (this.sandboxEl.textContent !== sbText) this.sandboxEl.textContent = sbText;
     this.sandboxEl.dataset.state = sb || '';
     const r = m.running;
     let text;
@@ -585,14 +608,28 @@ export class SessionPage {
   }
 
   renderUsage() {
-    const u = this.model && this.model.usageTotal;
-    if (!u || !u.events) {
+    if (!this.usageEl) return;
+    const m = this.model;
+    const base = this.usageBase;
+    let u;
+    let all;
+    if (m && base) {
+      // The server's totals as of base.at, and the usage events after it.
+      const t = base.totals;
+      const after = m.usageAfter(base.at);
+      const n = (x) => (Number.isFinite(Number(x)) && Number(x) > 0 ? Number(x) : 0);
+      u = { input: n(t.input_tokens) + after.input, output: n(t.output_tokens) + after.output, cached: n(t.cached_tokens) + after.cached, cost: n(t.cost_usd) + after.cost };
+      all = true;
+    } else if (m && m.usageTotal.events) {
+      u = m.usageTotal;
+      all = m.store.lo <= 1 || m.foldFrom <= 1;
+    } else {
       this.usageEl.hidden = true;
       return;
     }
     this.usageEl.hidden = false;
-    const all = this.model.store.lo <= 1 || this.model.foldFrom <= 1;
-    this.usageEl.textContent = `${all ? '' : '≥ '}${usageText(u)}`;
+    const text = `${all ? '' : '≥ '}${usageText(u)}`;
+    if (this.usageEl.textContent !== text) this.usageEl.textContent = text;
     this.usageEl.title = all ? 'Tokens and cost of this session' : 'Tokens and cost of the events loaded so far';
   }
 

@@ -60,8 +60,15 @@ export class Timeline {
     // browser made on its own (a row above changing size, scroll
     // anchoring, content-visibility sizing rows) keeps the live end.
     this.intentAt = -Infinity;
+    // A pointer counts on the scroller itself (its scroll bar), not on a
+    // control in a row: a click on an approval's option changes rows near
+    // the live end, and the scroll that follows is not the reader leaving
+    // it (the real-agent test lost the live end that way). Space on a
+    // button presses it.
     this.onIntent = (e) => {
-      if (e.type === 'keydown' && (!NAV_KEYS.has(e.key) || e.target.closest?.('input, textarea, select, [contenteditable]'))) return;
+      if (e.type === 'pointerdown' && e.target !== scroller) return;
+      if (e.type === 'keydown' && (!NAV_KEYS.has(e.key) || e.target.closest?.('input, textarea, select, [contenteditable]')
+        || (e.key === ' ' && e.target.closest?.('button, summary, a')))) return;
       this.intentAt = performance.now();
     };
     this.onScroll = (e) => this.scrolled(!e.isTrusted || performance.now() - this.intentAt < INTENT_MS);

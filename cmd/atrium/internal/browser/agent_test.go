@@ -156,6 +156,21 @@ func TestBrowser_AgentTimeline(t *testing.T) {
 	if eval[bool](alice, `document.querySelector('.tool[data-tool="call-2"] .term').textContent.includes('ok  line 1\n')`) {
 		t.Fatal("the long output shows its head, want its tail")
 	}
+	// All of it is a click away: every one of its 5,001 lines, in order.
+	alice.click(`.tool[data-tool="call-2"] button[data-more]`)
+	alice.waitJS("the whole long output", `document.querySelector('.tool[data-tool="call-2"] .term').textContent.startsWith('ok  line 1\nok  line 2\n')`)
+	if got := eval[string](alice, `(() => {
+		const l = document.querySelector('.tool[data-tool="call-2"] .term').textContent.split('\n');
+		for (let i = 0; i < 5000; i++) if (l[i] !== 'ok  line ' + (i + 1)) return 'line ' + (i + 1) + ' is ' + JSON.stringify(l[i]);
+		return l[5000] === 'PASS' ? '' : 'the last line is ' + JSON.stringify(l[5000]);
+	})()`); got != "" {
+		t.Fatalf("the long output shown whole: %s", got)
+	}
+	alice.click(`.tool[data-tool="call-2"] button[data-less]`)
+	alice.waitJS("the long output's tail again", `!document.querySelector('.tool[data-tool="call-2"] .term').textContent.includes('ok  line 1\n')`)
+	// Showing more of a row stops following the live end; the reader
+	// scrolls back down to it.
+	eval[bool](alice, `(() => { const t = document.querySelector('#timeline'); t.scrollTop = t.scrollHeight; t.dispatchEvent(new Event('scroll')); return true; })()`)
 
 	// The plan updates in place.
 	f.event(session.KindPlan, "system", session.PlanData{Turn: 1, Entries: []session.PlanEntry{

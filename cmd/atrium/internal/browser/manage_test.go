@@ -98,7 +98,7 @@ func TestBrowser_Manage(t *testing.T) {
 	alice := st.open("alice")
 	alice.openSession(s.ID)
 	alice.waitLive()
-	alice.waitJS("the sandbox in the header", `/^Sandbox \S+/.test(document.querySelector('.pill.sandbox').textContent)`)
+	alice.waitJS("the sandbox in the header", `/^(Sandbox \S+|No sandbox yet$)/.test(document.querySelector('.pill.sandbox').textContent)`)
 	alice.click("#manage-open")
 	alice.waitJS("the Manage dialog", `document.querySelector('#manage').open`)
 	alice.checkA11y("the Manage dialog")
