@@ -8,6 +8,8 @@
 //
 //	chunks N  an answer in N message chunks
 //	tool      a message, a tool call with a diff, its completion, a message
+//	bulk N    N tool calls, each after a message: a diff or output, six
+//	          updates with output, its completion and a plan (ten events each)
 //	gemini    a tool call reported only through tool_call_update
 //	plan      a plan
 //	ask       a permission request; the answer says the option chosen
@@ -192,6 +194,25 @@ func prompt(id json.RawMessage, text string) {
 			"content": []any{map[string]any{"type": "diff", "path": "/workspace/a.txt", "oldText": "old\n", "newText": "new\n"}}})
 		os.WriteFile("/workspace/a.txt", []byte("new\n"), 0o644)
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "call-1", "status": "completed"})
+		chunk("agent_message_chunk", "Done.")
+	case len(f) == 2 && f[0] == "bulk":
+		n, _ := strconv.Atoi(f[1])
+		old := strings.Repeat("line\n", 40)
+		for i := range n {
+			chunk("agent_message_chunk", fmt.Sprintf("## Step %d\n\nNext: `call-%d`.", i, i))
+			id := fmt.Sprintf("call-%d", i)
+			content := []any{map[string]any{"type": "diff", "path": fmt.Sprintf("/workspace/f%d.go", i%50), "oldText": old, "newText": old + "added\n"}}
+			if i%2 == 1 {
+				content = []any{map[string]any{"type": "content", "content": map[string]any{"type": "text", "text": strings.Repeat("out\n", 60)}}}
+			}
+			update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": id, "title": "Step " + id, "kind": "edit", "status": "in_progress", "content": content})
+			for k := range 6 {
+				update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "in_progress",
+					"content": []any{map[string]any{"type": "content", "content": map[string]any{"type": "text", "text": fmt.Sprintf("out %d\n", k)}}}})
+			}
+			update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed"})
+			update(map[string]any{"sessionUpdate": "plan", "entries": []any{map[string]any{"content": id, "status": "completed", "priority": "high"}}})
+		}
 		chunk("agent_message_chunk", "Done.")
 	case cmd == "gemini":
 		update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": "g-1", "title": "ls", "kind": "execute", "status": "in_progress"})
