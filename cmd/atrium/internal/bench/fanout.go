@@ -34,6 +34,9 @@ type fanSide struct {
 	prod producer
 	// cpu is the server's CPU time so far; nil means this process's.
 	cpu func() time.Duration
+	// writes is the server's write system calls so far; nil means this
+	// process's.
+	writes func() int64
 }
 
 // producer creates events at the pace's command.
@@ -68,6 +71,10 @@ type phase struct {
 	// serverCPU is this process's CPU time during the phase; clientCPU the
 	// receiver process's (zero when the receivers live in this process).
 	serverCPU, clientCPU time.Duration
+	// serverWrites and clientReads count the write system calls of the
+	// server and the read system calls of the receiver process (zero when
+	// the receivers live in this process) during the phase.
+	serverWrites, clientReads int64
 }
 
 // cpuNote describes the CPU cost per delivery.
@@ -76,10 +83,12 @@ func (p phase) cpuNote() string {
 		return ""
 	}
 	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(p.delivered) }
+	calls := func(n int64) float64 { return float64(n) / float64(p.delivered) }
 	if p.clientCPU == 0 {
-		return fmt.Sprintf("CPU %.1f µs/delivery (server and receivers in one process)", per(p.serverCPU))
+		return fmt.Sprintf("CPU %.1f µs/delivery (server and receivers in one process), %.2f writes/delivery", per(p.serverCPU), calls(p.serverWrites))
 	}
-	return fmt.Sprintf("server CPU %.1f µs/delivery, receivers %.1f µs/delivery", per(p.serverCPU), per(p.clientCPU))
+	return fmt.Sprintf("server CPU %.1f µs/delivery, receivers %.1f µs/delivery; server %.2f writes/delivery, receivers %.2f reads/delivery",
+		per(p.serverCPU), per(p.clientCPU), calls(p.serverWrites), calls(p.clientReads))
 }
 
 // deliveriesPerSec is the delivery rate: over the nominal phase length
@@ -126,7 +135,11 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 	if f.cpu != nil {
 		cpuOf = f.cpu
 	}
-	cpu0 := cpuOf()
+	writesOf := func() int64 { return syscalls(0).writes }
+	if f.writes != nil {
+		writesOf = f.writes
+	}
+	cpu0, w0 := cpuOf(), writesOf()
 	seq0 := f.prod.lastSeq()
 	err0 := f.prod.errors()
 	start := time.Now()
@@ -149,7 +162,7 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 		return st.Live == 0 || st.MinLast >= seq1
 	})
 	delivering := time.Since(start)
-	cpu1 := cpuOf()
+	cpu1, w1 := cpuOf(), writesOf()
 	st1, err := f.set.status()
 	if err = errors.Join(stErr, err); err != nil {
 		return phase{}, err
@@ -174,6 +187,10 @@ func (r *runner) runPhase(ctx context.Context, f *fanSide, rate int, d time.Dura
 		drained:    drained,
 		serverCPU:  cpu1 - cpu0,
 		clientCPU:  st1.CPU - st0.CPU,
+		// The status requests themselves are a few reads and writes
+		// of the receiver process's pipes.
+		serverWrites: w1 - w0,
+		clientReads:  st1.Reads - st0.Reads,
 	}
 	p.achievedEPS = float64(fired-int(p.errs)) / elapsed.Seconds()
 	return p, ctx.Err()

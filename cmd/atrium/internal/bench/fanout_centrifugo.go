@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,8 +60,9 @@ func dialCentrifugo(ctx context.Context, url, channel string) (*wsConn, error) {
 // subscribed to one fresh channel, events published over its HTTP API by
 // as many connections as Atrium's REST producer uses. The publication's
 // offset is the seq; its data, shaped like Atrium's event, holds the
-// publish time. The server CPU is the Centrifugo process's when exactly one
-// process named centrifugo runs on this machine.
+// publish time. The server CPU is that of the process listening on the
+// peer's port on this machine (or else of the only process named
+// centrifugo).
 func (r *runner) fanoutCentrifugo(ctx context.Context, peer *centrifugo) (_ fanOutcome, err error) {
 	channel := "atrium_bench_fanout_" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	set, err := r.newReceiverSet(ctx)
@@ -75,11 +77,17 @@ func (r *runner) fanoutCentrifugo(ctx context.Context, peer *centrifugo) (_ fanO
 	}
 	r.progress("fanout centrifugo: opened %d WebSockets in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
 	f := &fanSide{name: "centrifugo", set: set, n: r.cfg.Watchers}
-	if pid := findProcess("centrifugo"); pid > 0 {
+	pid := listenerPID(peer.base)
+	if pid == 0 {
+		pid = findProcess("centrifugo")
+	}
+	if pid > 0 {
 		f.cpu = func() time.Duration { return pidCPU(pid) }
+		f.writes = func() int64 { return syscalls(pid).writes }
 	} else {
 		f.cpu = func() time.Duration { return 0 }
-		r.progress("fanout centrifugo: no single centrifugo process found; its CPU is not measured")
+		f.writes = func() int64 { return 0 }
+		r.progress("fanout centrifugo: no process found listening on %s, nor a single one named centrifugo; its CPU is not measured", peer.base)
 	}
 	prod := newCentrifugoProducer(peer, channel, restProducerConns)
 	defer prod.close()
@@ -172,6 +180,46 @@ func (p *centrifugoProducer) close() {
 	p.http.CloseIdleConnections()
 }
 
+// listenerPID returns the pid of the process listening on base's TCP port
+// on this machine (from /proc/net/tcp and tcp6 and the processes' open
+// files), or 0.
+func listenerPID(base string) int {
+	u, err := url.Parse(base)
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.ParseUint(u.Port(), 10, 16)
+	if err != nil {
+		return 0
+	}
+	inodes := map[string]bool{}
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, _ := os.ReadFile(name)
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			// local_address is HEXIP:HEXPORT, st 0A is LISTEN.
+			if len(f) < 10 || f[3] != "0A" {
+				continue
+			}
+			_, hexPort, ok := strings.Cut(f[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && p == port {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return 0
+	}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if link, err := os.Readlink(fd); err == nil && inodes[link] {
+			pid, _ := strconv.Atoi(strings.Split(fd, "/")[2])
+			return pid
+		}
+	}
+	return 0
+}
+
 // findProcess returns the pid of the only process whose command name is
 // name, or 0 when there is none or more than one.
 func findProcess(name string) int {
@@ -188,6 +236,40 @@ func findProcess(name string) int {
 		pid, _ = strconv.Atoi(filepath.Base(filepath.Dir(p)))
 	}
 	return pid
+}
+
+// ioCalls is a process's read and write system calls so far.
+type ioCalls struct{ reads, writes int64 }
+
+// syscalls returns the read and write system calls of process pid (0: this
+// process) so far, from /proc/PID/io (syscr, syscw); zero if unreadable.
+func syscalls(pid int) ioCalls {
+	name := "/proc/self/io"
+	if pid > 0 {
+		name = "/proc/" + strconv.Itoa(pid) + "/io"
+	}
+	var c ioCalls
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return c
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "syscr":
+			c.reads = n
+		case "syscw":
+			c.writes = n
+		}
+	}
+	return c
 }
 
 // pidCPU returns the user+system CPU time of process pid (0 if unreadable),

@@ -122,6 +122,8 @@ type recvStatus struct {
 	// CPU is the CPU time of the process holding the receivers when they
 	// live in a child; zero in this process.
 	CPU time.Duration `json:"cpu_ns"`
+	// Reads is the read system calls of that process, like CPU.
+	Reads int64 `json:"syscr"`
 }
 
 // receiverSet is the receivers of a fan-out, in this process (localSet) or
@@ -272,6 +274,7 @@ func (s *localSet) status() (recvStatus, error) {
 	}
 	if s.inChild {
 		st.CPU = processCPU()
+		st.Reads = syscalls(0).reads
 	}
 	return st, nil
 }
