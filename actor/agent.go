@@ -60,6 +60,10 @@ type AgentLaunch struct {
 	// SessionMode is the ACP session mode to select after session/new or
 	// session/load (the permission mode); "" for none.
 	SessionMode string
+	// WritesAfterAnswer says the agent writes its transcript into Home
+	// after it answers a prompt: the turn's end waits for that write
+	// (up to homeFlushWait) before it saves the home (agenthomeflush.go).
+	WritesAfterAnswer bool
 	// Home is the host directory mounted as the agent's home (HOME,
 	// CODEX_HOME, its transcripts), which the node saves to the object
 	// store beside the workspace and restores on another node; "" for
@@ -123,6 +127,7 @@ type agentProc struct {
 	mcp        string // the MCP servers it opened its session with (mcpKey)
 	name       string // the agent it runs
 	machine    uint64 // the sandbox's machine generation it started on (box.machine)
+	flush      bool   // it writes its transcript after it answers (AgentLaunch.WritesAfterAnswer)
 
 	mu   sync.Mutex
 	tail []byte // guarded by mu: the last stderrTail bytes of stderr

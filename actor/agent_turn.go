@@ -142,7 +142,7 @@ func (r *runner) execAgent() *turnExited {
 			return agentFailed(session.CodeBadRequest, "the agent could not be started: "+err.Error())
 		}
 		b.agent = p
-		p.name, p.machine = a.name, b.machine
+		p.name, p.machine, p.flush = a.name, b.machine, launch.WritesAfterAnswer
 		if h.replaced(b) {
 			// Exec replaced a dead machine: the agent would work on a
 			// workspace that was never restored.
@@ -168,11 +168,13 @@ func (r *runner) execAgent() *turnExited {
 		}
 	}
 	res := r.promptAgent(b.agent, rehydrate)
+	answered := time.Now()
 	r.wg.Wait()
 	if !res.lost {
 		if err := h.saveTurn(r.ctx, b, r.turn); err != nil { // files.go: also records the turn's changes
 			res.errors = append(res.errors, *saveError(err))
 		}
+		h.awaitHomeFlush(r.ctx, b, answered) // agenthomeflush.go
 		if err := h.saveAgentHome(r.ctx, b, r.fence); err != nil {
 			res.errors = append(res.errors, *homeError("saved", err))
 		}

@@ -45,6 +45,9 @@ func claude() Spec {
 			ModeAuto:     settings("bypassPermissions"),
 		},
 		Load: true,
+		// Claude Code appends the answer to its transcript after it
+		// answers session/prompt.
+		WritesAfterAnswer: true,
 	}
 }
 

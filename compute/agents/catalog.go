@@ -201,6 +201,9 @@ type Launch struct {
 	Mounts []compute.Mount
 	// Load says that the agent supports session/load.
 	Load bool
+	// WritesAfterAnswer is the spec's: the agent writes its transcript
+	// after it answers.
+	WritesAfterAnswer bool
 	// Authenticate is the ACP method to call after initialize; "" none.
 	Authenticate string
 	// SessionMode is the ACP session mode to select after session/new or
@@ -294,10 +297,11 @@ func (c *Catalog) Launch(name string, sess session.ID, ep compute.ModelEndpoints
 			{Host: inst.Dir, Sandbox: ProgramPath(name), ReadOnly: true},
 			{Host: home, Sandbox: HomePath},
 		},
-		Load:         s.Load,
-		Authenticate: s.Authenticate,
-		SessionMode:  set.SessionMode,
-		Version:      inst.Version,
+		Load:              s.Load,
+		WritesAfterAnswer: s.WritesAfterAnswer,
+		Authenticate:      s.Authenticate,
+		SessionMode:       set.SessionMode,
+		Version:           inst.Version,
 	}, nil
 }
 

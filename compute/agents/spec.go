@@ -148,6 +148,12 @@ type Spec struct {
 	// Load says that the agent supports session/load (ACP's loadSession
 	// capability), so a new process continues an earlier conversation.
 	Load bool `yaml:"load,omitempty" json:"load,omitempty"`
+	// WritesAfterAnswer says that the agent writes its transcript into
+	// its home after it answers a prompt (Claude Code does): the node
+	// waits a little for that write before it saves the home at the
+	// turn's end, so that another node taking over after a kill -9 loads
+	// the conversation with the turn's answer.
+	WritesAfterAnswer bool `yaml:"writes_after_answer,omitempty" json:"writes_after_answer,omitempty"`
 	// Description is one line shown by `atrium agents ls`.
 	Description string `yaml:"description,omitempty" json:"description,omitempty"`
 }

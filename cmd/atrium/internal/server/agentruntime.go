@@ -45,6 +45,7 @@ func (a catalogAgents) Launch(name string, sess session.ID, ep compute.ModelEndp
 	return actor.AgentLaunch{
 		Argv: l.Argv, Env: l.Env, Mounts: l.Mounts,
 		LoadSession: l.Load, Authenticate: l.Authenticate, SessionMode: l.SessionMode,
-		Home: a.c.Home(sess),
+		WritesAfterAnswer: l.WritesAfterAnswer,
+		Home:              a.c.Home(sess),
 	}, nil
 }
