@@ -86,7 +86,10 @@ func (r *runner) appendPeer(ctx context.Context, atriumCPU time.Duration, n int6
 	if err != nil {
 		return Result{}, "", err
 	}
-	pid := findProcess("centrifugo")
+	pid := listenerPID(peer.base) // the peer itself, when other Centrifugos run here too
+	if pid == 0 {
+		pid = findProcess("centrifugo")
+	}
 	if _, _, err := r.appendCentrifugo(ctx, peer, min(time.Second, r.cfg.Duration)); err != nil { // warm-up
 		return Result{}, "", err
 	}
