@@ -28,8 +28,10 @@ func newAttachCmd(env *cliEnv) *cobra.Command {
 		Use:   "attach ID",
 		Short: "Watch a session live and prompt it from the terminal",
 		Long: `Attach to a session: print its recent events, then every new event as it
-happens, and who else is watching. Each line you type is sent as a prompt
-(you need the driver or owner role); the server's acknowledgement is shown.
+happens, and who else is watching. An agent's text is printed as it writes
+it (after "agent>"); its tool calls show their title, status and diff stat.
+Each line you type is sent as a prompt (you need the driver or owner role);
+the server's acknowledgement is shown.
 
 Commands you can type:
   /cancel        stop the running turn

@@ -29,7 +29,8 @@ func newLogsCmd(env *cliEnv) *cobra.Command {
 		Short: "Print a session's events",
 		Long: `Print the events of a session, oldest first: one line per event with its seq,
 time, who caused it, its kind and a summary. Output text is printed as the
-harness wrote it.
+harness wrote it; an agent's message is shown whole on its line, a tool call
+as its title, status and diff stat, a plan as its checklist.
 
 With --follow, keep printing new events as they happen until Ctrl-C; the
 connection is resumed automatically if it drops, without losing or repeating
