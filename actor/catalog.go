@@ -199,8 +199,13 @@ func (c *catalogWriter) writeAll() {
 				}
 				continue
 			}
+			rev, known := c.revs[id]
 			delete(c.revs, id)
-			c.write(id, e)
+			if known && e != nil {
+				c.writeIfUnchanged(id, e, rev)
+			} else {
+				c.write(id, e)
+			}
 			for _, f := range waiters[id] {
 				f()
 			}
@@ -268,6 +273,30 @@ func (c *catalogWriter) writeOwned(id session.ID, e *session.CatalogEntry, owned
 		// reply was lost): read it again and ask owned again.
 	}
 	c.log.Warn("write catalog entry: written by others at every try", "session", id, "tries", catalogTries)
+}
+
+// writeIfUnchanged writes e, an entry put without a check (the one a
+// session writes when it hibernates, after its record is released), if rev,
+// the revision of this writer's last owner write of it, is still the
+// entry's: a write since then is another node's, which activated the
+// session after this one released it, and is newer. Before, a node paused
+// between the release and this put wrote it over the new owner's entry.
+func (c *catalogWriter) writeIfUnchanged(id session.ID, e *session.CatalogEntry, rev uint64) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		c.log.Warn("write catalog entry", "session", id, "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
+	defer cancel()
+	_, err = c.kv.Update(ctx, string(id), b, rev)
+	switch {
+	case err == nil:
+	case isWrongLastSeq(err):
+		c.log.Info("catalog entry not written: another node wrote it since this node released the session", "session", id)
+	default:
+		c.log.Warn("write catalog entry", "session", id, "err", err)
+	}
 }
 
 func (c *catalogWriter) write(id session.ID, e *session.CatalogEntry) {

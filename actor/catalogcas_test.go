@@ -81,4 +81,41 @@ func TestCatalog_OwnerEntryNotWrittenAfterAPause(t *testing.T) {
 	if got := catalogNode(t, e.kv, string(id)); got != "node-b" {
 		t.Fatalf("catalog names %q after the owner's write raced with a stale one; want node-b", got)
 	}
+
+	// The entry a session writes when it hibernates (no check: its record
+	// is released) lands if nobody wrote since this node's last owner
+	// write, and not over a newer owner's entry.
+	const h = session.ID("s_hibernates")
+	owner := func() error { return nil }
+	c.putThenOwned(session.CatalogEntry{ID: h, Node: "node-a", State: session.StateActive}, owner, nil)
+	c.flush()
+	c.put(session.CatalogEntry{ID: h, Node: "node-a", State: session.StateHibernated})
+	c.flush()
+	if got := catalogState(t, e, h); got != session.StateHibernated {
+		t.Fatalf("hibernated entry with nobody writing since: state %q, want hibernated", got)
+	}
+	c.putThenOwned(session.CatalogEntry{ID: h, Node: "node-a", State: session.StateActive}, owner, nil)
+	c.flush()
+	newer, _ := json.Marshal(session.CatalogEntry{ID: h, Node: "node-b", State: session.StateActive})
+	if _, err := e.kv.Put(t.Context(), string(h), newer); err != nil {
+		t.Fatal(err)
+	}
+	c.put(session.CatalogEntry{ID: h, Node: "node-a", State: session.StateHibernated})
+	c.flush()
+	if got, state := catalogNode(t, e.kv, string(h)), catalogState(t, e, h); got != "node-b" || state != session.StateActive {
+		t.Fatalf("catalog names %q (%s) after a late hibernation entry; want node-b's active entry kept", got, state)
+	}
+}
+
+func catalogState(t testing.TB, e *env, id session.ID) session.State {
+	t.Helper()
+	ent, err := e.kv.Get(t.Context(), string(id))
+	if err != nil {
+		t.Fatalf("catalog entry %s: %v", id, err)
+	}
+	var c session.CatalogEntry
+	if err := json.Unmarshal(ent.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.State
 }
