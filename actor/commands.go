@@ -341,6 +341,11 @@ func (s *sessionActor) opApprove(msg *nats.Msg, user string, c *session.Command)
 		respond(msg, errorReply(err))
 		return
 	}
+	if c.OptionID != "" && !isAgent && !s.queue.turns.Pending(c.ApprovalID) {
+		// Not asked yet (or answered): a client may wait for it.
+		respond(msg, errorReply(session.Errorf(session.CodeNotFound, "no pending approval %q", c.ApprovalID)))
+		return
+	}
 	if c.OptionID != "" && !isAgent {
 		respond(msg, errorReply(session.Errorf(session.CodeBadRequest, "approval %q has no options; answer it with allow", c.ApprovalID)))
 		return

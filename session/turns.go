@@ -118,6 +118,10 @@ func (t *Turns) ResolveApproval(id string) (int64, error) {
 	return t.running.N, nil
 }
 
+// Pending reports whether approval id of the running turn waits for an
+// answer.
+func (t *Turns) Pending(id string) bool { return t.running != nil && t.running.Approvals[id] }
+
 // Idle reports whether nothing is running or queued, so the session may
 // hibernate.
 func (t *Turns) Idle() bool { return t.running == nil && len(t.queue) == 0 }

@@ -371,9 +371,10 @@ owner).`,
 
 func newApproveCmd(env *cliEnv) *cobra.Command {
 	var (
-		conn connFlags
-		deny bool
-		wait time.Duration
+		conn   connFlags
+		deny   bool
+		option string
+		wait   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "approve ID APPROVAL_ID",
@@ -383,9 +384,14 @@ shown by 'atrium logs' and 'atrium attach'): allow it, or deny it with --deny.
 Needs the driver or owner role.
 
 An approval that is not pending yet (the turn asking for it is queued or just
-starting) is waited for, up to --wait.`,
+starting) is waited for, up to --wait.
+
+A coding agent's request offers options (shown by logs and attach, e.g.
+allow_always, allow, reject): --option answers with one of them. Plain approve
+picks the agent's allow-once option, --deny its reject-once one.`,
 		Example: `  atrium approve ID a1
   atrium approve ID a1 --deny
+  atrium approve ID t1-p1 --option allow_always   # an agent keeps "always" as its own rule
   atrium approve ID a1 --wait 0    # fail at once if a1 is not pending`,
 		Args: exactArgs("ID", "APPROVAL_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -397,7 +403,11 @@ starting) is waited for, up to --wait.`,
 			deadline := time.Now().Add(wait)
 			said := false
 			for {
-				err = c.Approve(cmd.Context(), id, aid, !deny)
+				if option != "" {
+					err = c.ApproveOption(cmd.Context(), id, aid, option)
+				} else {
+					err = c.Approve(cmd.Context(), id, aid, !deny)
+				}
 				if !errors.Is(err, session.ErrNotFound) || !time.Now().Before(deadline) || cmd.Context().Err() != nil {
 					break
 				}
@@ -417,12 +427,18 @@ starting) is waited for, up to --wait.`,
 				}
 				return explain(err, conn.server)
 			}
+			if option != "" {
+				fmt.Fprintf(env.stdout, "%s answered with option %s\n", aid, safeLine(option))
+				return nil
+			}
 			fmt.Fprintf(env.stdout, "%s %s\n", aid, allowWord(!deny))
 			return nil
 		},
 	}
 	conn.register(cmd)
 	cmd.Flags().BoolVar(&deny, "deny", false, "deny instead of allow")
+	cmd.Flags().StringVar(&option, "option", "", "answer with one of the agent's options (its id, e.g. allow_always)")
+	cmd.MarkFlagsMutuallyExclusive("deny", "option")
 	cmd.Flags().DurationVar(&wait, "wait", DefaultApproveWait, "how long to wait for the approval to be requested")
 	return cmd
 }

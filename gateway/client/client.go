@@ -219,6 +219,20 @@ func (c *Client) Approve(ctx context.Context, id session.ID, approvalID string, 
 	return c.do(ctx, http.MethodPost, p, body, nil)
 }
 
+// ApproveOption answers an agent's approval request with one of the options
+// it offered (the id of an approval_requested event's options, such as
+// allow_always): "always" answers are kept by the agent as its own rule.
+func (c *Client) ApproveOption(ctx context.Context, id session.ID, approvalID, optionID string) error {
+	if approvalID == "" || optionID == "" {
+		return session.Errorf(session.CodeBadRequest, "approval id and option id must not be empty")
+	}
+	p, err := sessionPath(id, "/approvals/"+url.PathEscape(approvalID))
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, p, api.Approval{OptionID: optionID}, nil)
+}
+
 // SetMember gives user a role on the session, or removes them with
 // session.RoleNone (owner only).
 func (c *Client) SetMember(ctx context.Context, id session.ID, user string, role session.Role) error {
