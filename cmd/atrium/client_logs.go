@@ -252,19 +252,27 @@ func agentSummary(data json.RawMessage) string {
 			return typ + ": " + flat(agentSafe(text))
 		}
 	}
-	delete(obj, "turn")
+	// Decoded and encoded again without HTML escaping: the server stores
+	// "<" as \u003c, which a person should read as <.
+	var rest map[string]any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if dec.Decode(&rest) != nil {
+		return flat(agentSafe(string(data)))
+	}
+	delete(rest, "turn")
 	if typ != "" {
-		delete(obj, "type")
+		delete(rest, "type")
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false) // <a>.go, not \u003ca\u003e.go
-	_ = enc.Encode(obj)
-	rest := strings.TrimSpace(b.String())
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(rest)
+	compact := agentSafe(strings.TrimSpace(b.String()))
 	if typ == "" {
-		return rest
+		return compact
 	}
-	return typ + ": " + rest
+	return typ + ": " + compact
 }
 
 func allowWord(allow bool) string {

@@ -19,7 +19,7 @@ func TestHarnessAgentWhole(t *testing.T) {
 		Data: []byte(`{"turn":1,"type":"assistant","text":"` + long + `\nsecond line \u001b[31mred"}`)}
 	input := strings.Repeat("x", 400)
 	noText := session.Event{Seq: 2, Time: session.Time{Time: time.Unix(0, 0)}, Kind: session.KindAgent, By: "system",
-		Data: []byte(`{"turn":1,"type":"tool_use","name":"edit","input":{"path":"<a>.go","body":"` + input + `"}}`)}
+		Data: []byte(`{"turn":1,"type":"tool_use","name":"edit","input":{"path":"\u003ca\u003e.go","n":12345678901234567890,"body":"` + input + `"}}`)}
 
 	var out bytes.Buffer
 	p := &eventPrinter{out: &out, now: time.Unix(0, 0)}
@@ -35,7 +35,7 @@ func TestHarnessAgentWhole(t *testing.T) {
 	if !strings.Contains(lines[0], "assistant: word word") || !strings.Contains(lines[0], "the end ⏎ second line") || strings.Contains(lines[0], "\x1b") || !strings.Contains(lines[0], "red") {
 		t.Errorf("logs, agent text: %q", lines[0])
 	}
-	if !strings.Contains(lines[1], input+`"`) || !strings.Contains(lines[1], `"path":"<a>.go"`) || strings.Contains(lines[1], "…") {
+	if !strings.Contains(lines[1], input+`"`) || !strings.Contains(lines[1], `"path":"<a>.go"`) || !strings.Contains(lines[1], `"n":12345678901234567890`) || strings.Contains(lines[1], "…") {
 		t.Errorf("logs, agent JSON: %q", lines[1])
 	}
 
