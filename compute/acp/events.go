@@ -78,6 +78,7 @@ type promptState struct {
 	msg     []byte // text of the open agent_message
 	thought []byte // text of the open agent_thought
 	tools   map[string]bool
+	unknown map[string]bool // update kinds not understood, said once each
 }
 
 func (p *promptState) problem(msg string) {
@@ -222,7 +223,18 @@ func (p *promptState) update(raw json.RawMessage, log *slog.Logger) {
 		// Not part of Atrium's log: the prompt is logged as a message
 		// event, and usage is counted by the model gateway.
 	default:
-		log.Debug("unknown session update ignored", "kind", truncate(u.Kind, 64))
+		// A kind of a later ACP version, or an agent's own: said once a
+		// turn (bounded like every problem), never recorded as it came.
+		kind := validText([]byte(truncate(u.Kind, 64)))
+		if p.unknown[kind] {
+			return
+		}
+		if p.unknown == nil {
+			p.unknown = map[string]bool{}
+		}
+		p.unknown[kind] = true
+		log.Info("unknown session update ignored", "kind", kind)
+		p.problem(fmt.Sprintf("the agent sent updates of a kind Atrium does not know (%q); they were ignored", kind))
 	}
 }
 
