@@ -41,14 +41,19 @@ func (u *sandboxUse) sleepFired(gen uint64, p phase) {
 }
 
 // takeSleep returns the generation of a sleep timer that fired once a
-// session in phase p can act on it: an active one. A session still opening
-// or waking keeps it for later; one that is going away forgets it.
+// session in phase p can act on it: an active one. A session still opening,
+// draining or waking keeps it for later; one that is going away forgets it
+// (the place request that carried it goes back to the manager, and so to
+// the next activation). A draining session is not going away yet: the place
+// request that carried the timer makes it serve again (onDrained), and a
+// timer forgotten then was never acted on, which left the sandbox awake for
+// good (its fired timer still counted as armed at later activations).
 func (u *sandboxUse) takeSleep(p phase) (uint64, bool) {
 	if u.sleepDue == 0 {
 		return 0, false
 	}
 	switch p {
-	case phaseNew, phaseOpening, phaseWaking:
+	case phaseNew, phaseOpening, phaseDraining, phaseWaking:
 		return 0, false // Not yet.
 	case phaseActive:
 	default:

@@ -11,7 +11,7 @@ func TestSandboxUse_SleepDue(t *testing.T) {
 		if u.idle() {
 			t.Fatal("idle with a sleep timer due")
 		}
-		for _, p := range []phase{phaseNew, phaseOpening, phaseWaking} {
+		for _, p := range []phase{phaseNew, phaseOpening, phaseDraining, phaseWaking} {
 			if _, ok := u.takeSleep(p); ok || u.sleepDue != 3 {
 				t.Fatalf("taken in phase %v (due %d)", p, u.sleepDue)
 			}
@@ -25,7 +25,7 @@ func TestSandboxUse_SleepDue(t *testing.T) {
 		}
 	})
 	t.Run("forgotten when going away", func(t *testing.T) {
-		for _, p := range []phase{phaseDraining, phaseClosing, phasePassivating, phaseDeleting} {
+		for _, p := range []phase{phaseClosing, phasePassivating, phaseDeleting} {
 			u := sandboxUse{sleepDue: 7}
 			if _, ok := u.takeSleep(p); ok || u.sleepDue != 0 {
 				t.Fatalf("phase %v: taken %v, due %d", p, ok, u.sleepDue)
