@@ -44,7 +44,7 @@ func (h *Host) resume(ctx context.Context) {
 		return
 	}
 	alive := map[string]bool{h.cfg.NodeID: true}
-	n := 0
+	done := map[session.ID]bool{}
 	for _, c := range entries {
 		if c.Node != "" && c.Node != h.cfg.NodeID {
 			live, ok := alive[c.Node]
@@ -58,11 +58,63 @@ func (h *Host) resume(ctx context.Context) {
 			}
 		}
 		h.activate(c)
-		n++
+		done[c.ID] = true
 	}
+	n := len(done)
+	n += h.resumeHeld(ctx, done)
 	if n > 0 {
 		h.log.Info("resuming sessions that were active when their node stopped", "sessions", n)
 	}
+}
+
+// resumeHeld activates the sessions whose ownership record names an
+// incarnation that is gone (an earlier process of this node, or a node whose
+// lease ended or was taken again) and that the catalog pass did not (done):
+// the records say who held a session, the catalog's node and state are hints
+// a paused node could leave stale (see rescue). It returns how many.
+func (h *Host) resumeHeld(ctx context.Context, done map[session.ID]bool) int {
+	recs, err := h.owners.List(ctx, session.LeaseKey(">"))
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("resume held sessions: read the ownership records", "err", err)
+		}
+		return 0
+	}
+	const doubt = "\x00" // a lease that could not be read: leave its sessions
+	incs := map[string]string{}
+	if inc, _, ok := h.node.current(); ok {
+		incs[h.cfg.NodeID] = inc
+	}
+	n := 0
+	for _, r := range recs {
+		id := session.ID(strings.TrimPrefix(r.Key, session.LeaseKey("")))
+		var rec session.Lease
+		if id.Validate() != nil || done[id] || json.Unmarshal(r.Value, &rec) != nil || rec.Node == "" || rec.Inc == "" {
+			continue
+		}
+		inc, ok := incs[rec.Node]
+		if !ok {
+			msg, err := h.owners.Latest(ctx, session.NodeLeaseKey(rec.Node))
+			var nl session.Lease
+			switch {
+			case err != nil:
+				inc = doubt
+			case msg != nil && !msg.Deleted && json.Unmarshal(msg.Value, &nl) == nil:
+				inc = nl.Inc
+			}
+			incs[rec.Node] = inc
+		}
+		if inc == doubt || inc == rec.Inc {
+			continue // Held by a live incarnation, or in doubt.
+		}
+		h.activate(session.CatalogEntry{ID: id})
+		done[id] = true
+		n++
+	}
+	if n > 0 {
+		h.log.Warn("resuming sessions held by a node that is gone which the catalog did not show as active there", "sessions", n)
+	}
+	return n
 }
 
 // watchNodes rescues the active sessions of every node whose lease ends

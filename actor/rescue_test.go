@@ -2,6 +2,7 @@ package actor
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -70,6 +71,71 @@ func TestCluster_RescueDespiteStaleCatalog(t *testing.T) {
 		t.Errorf("queued turn 2 finished %+v", fin)
 	}
 	if got := outputText(t, evs, 2, "stdout"); got != "rescued\n" {
+		t.Errorf("turn 2 stdout %q", got)
+	}
+	checkContiguous(t, evs)
+}
+
+// TestCluster_ResumeDespiteStaleCatalog: node a holds a busy session and
+// dies while no other node runs; its catalog entry says hibernated (the
+// late write of a node paused between its release and that write). Node b,
+// started once a's lease is gone, resumes the session from its ownership
+// record, which names a's dead incarnation: nobody else would (b never saw
+// a's lease end, and no command is sent).
+func TestCluster_ResumeDespiteStaleCatalog(t *testing.T) {
+	ns := startJetStream(t)
+	prov := newProvider(t)
+	a := startNode(t, "a", ns.ClientURL(), prov, nil)
+	e := gatewayEnv(t, ns.ClientURL())
+	id := e.create("alice", shell())
+	for _, text := range []string{"sleep 30", "echo resumed"} {
+		if rep := served(t, e, id, session.Command{Op: session.OpPrompt, Text: text}); rep.Error != nil {
+			t.Fatalf("prompt %q: %v", text, rep.Error)
+		}
+	}
+	a.host.catalog.flush()
+	a.nc.Close() // Node a dies.
+
+	js, err := jetstream.New(e.gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), session.Subjects{}.CatalogBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := kv.Get(t.Context(), string(id))
+	if err != nil {
+		t.Fatalf("catalog entry of %s: %v", id, err)
+	}
+	var c session.CatalogEntry
+	if err := json.Unmarshal(ent.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	c.State = session.StateHibernated // The stale write.
+	stale, _ := json.Marshal(c)
+	if _, err := kv.Put(t.Context(), string(id), stale); err != nil {
+		t.Fatal(err)
+	}
+	owners, err := js.KeyValue(t.Context(), session.Subjects{}.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node a's lease to end", func() bool {
+		_, err := owners.Get(t.Context(), session.NodeLeaseKey("a"))
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+
+	b := startNode(t, "b", ns.ClientURL(), prov, nil)
+	eventually(t, "node b to resume the session its record says a dead node held", func() bool {
+		_, ok := leaseOf(b.host, id)
+		return ok
+	})
+	fin, evs := waitTurn(t, e, id, 2)
+	if fin.Status != session.TurnOK {
+		t.Errorf("queued turn 2 finished %+v", fin)
+	}
+	if got := outputText(t, evs, 2, "stdout"); got != "resumed\n" {
 		t.Errorf("turn 2 stdout %q", got)
 	}
 	checkContiguous(t, evs)
