@@ -1,6 +1,8 @@
 package gateway_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -14,7 +16,10 @@ import (
 func TestE2E_Secrets(t *testing.T) {
 	e := newE2E(t, 0)
 	const value = "gw-s3cr3t-9a8b7c"
-	code, body := e.call("POST", "/v1/sessions", "alice", `{"harness":{"command":["bash","-c","read -r _; [ \"$TOKEN\" = gw-s3cr3t-9a8b7c ] && echo token-ok || echo token-missing"]}}`)
+	// The harness compares a digest: the owner sees the command back, and
+	// the value must not be in it for the checks below to mean anything.
+	sum := sha256.Sum256([]byte(value))
+	code, body := e.call("POST", "/v1/sessions", "alice", `{"harness":{"command":["bash","-c","read -r _; [ \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\" = `+hex.EncodeToString(sum[:])+` ] && echo token-ok || echo token-missing"]}}`)
 	if code != http.StatusCreated {
 		t.Fatalf("create: %d %s", code, body)
 	}

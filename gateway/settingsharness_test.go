@@ -10,10 +10,10 @@ import (
 	"github.com/atriumhq/atrium/session"
 )
 
-// TestPatchSession_HarnessReadBack: settings.harness is shown back under
-// "settings" like every other setting (a command with its stdin form, or a
-// template other than the default), to every member; back to the default
-// template, the session has no settings of its own again.
+// TestPatchSession_HarnessReadBack: settings.harness is shown back to the
+// owner under "settings" like every other setting (a command with its stdin
+// form, or a template other than the default), and to no other member; back
+// to the default template, the session has no settings of its own again.
 func TestPatchSession_HarnessReadBack(t *testing.T) {
 	ns := startNATS(t)
 	startAgentNode(t, ns)
@@ -33,9 +33,12 @@ func TestPatchSession_HarnessReadBack(t *testing.T) {
 		!slices.Equal(got.Settings.Harness.Command, []string{"bash", "-c", "cat"}) || got.Settings.Harness.Stdin != session.HarnessStdinText {
 		t.Fatalf("patch harness: %d %s", code, b)
 	}
-	if code, b := e.call("GET", path, "carol", nil); code != http.StatusOK ||
+	if code, b := e.call("GET", path, "alice", nil); code != http.StatusOK ||
 		!strings.Contains(string(b), `"settings":{"harness":{"command":["bash","-c","cat"],"stdin":"text"}}`) {
-		t.Errorf("get as a viewer: %d %s", code, b)
+		t.Errorf("get as the owner: %d %s", code, b)
+	}
+	if code, b := e.call("GET", path, "carol", nil); code != http.StatusOK || strings.Contains(string(b), `"settings"`) {
+		t.Errorf("get as a viewer: %d %s, want no harness (no settings)", code, b)
 	}
 	code, b = e.call("PATCH", path, "alice", `{"settings":{"harness":"shell"}}`)
 	if code != http.StatusOK || strings.Contains(string(b), `"settings"`) {

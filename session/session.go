@@ -222,12 +222,21 @@ func (c *CatalogEntry) SessionFor(user string) Session {
 }
 
 // WithRole returns s as a caller with role sees it: the role set, and the
-// members shown to owners only.
+// members and the harness setting shown to owners only.
 func (s Session) WithRole(role Role, m Members) Session {
 	s.Role = role
 	s.Members = nil
 	if role == RoleOwner {
 		s.Members = m
+	} else if s.Settings != nil && s.Settings.Harness != nil {
+		// The harness command is the owner's to see: it may name things
+		// (hosts, paths, arguments) the owner did not mean to share.
+		st := *s.Settings
+		st.Harness = nil
+		s.Settings = &st
+		if st.IsZero() {
+			s.Settings = nil
+		}
 	}
 	return s
 }

@@ -16,7 +16,8 @@ import (
 type Settings struct {
 	// Harness is a harness session's own harness: a template other than
 	// the default ("shell") or a command, with its stdin form; nil for the
-	// default and for an agent session (see Agent).
+	// default and for an agent session (see Agent). Only the owner sees it
+	// (Session.WithRole).
 	Harness *Harness `json:"harness,omitempty"`
 	// Agent is the session's agent (DESIGN §6); "" for a harness session.
 	Agent          string `json:"agent,omitempty"`
