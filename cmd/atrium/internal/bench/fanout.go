@@ -37,6 +37,8 @@ type fanSide struct {
 	// writes is the server's write system calls so far; nil means this
 	// process's.
 	writes func() int64
+	// turn interleaves this side's phases with the other sides' (turns).
+	turn turn
 }
 
 // producer creates events at the pace's command.
@@ -264,7 +266,9 @@ func (r *runner) ramp(ctx context.Context, f *fanSide, base phase) (best phase, 
 		return good
 	}
 	try := func(rate int) (bool, error) {
-		p, err := r.runPhase(ctx, f, rate, stepDur)
+		var p phase
+		var err error
+		f.turn.run(func() { p, err = r.runPhase(ctx, f, rate, stepDur) })
 		if err != nil {
 			return false, err
 		}
@@ -322,20 +326,41 @@ func (r *runner) ramp(ctx context.Context, f *fanSide, base phase) (best phase, 
 }
 
 // fanout measures WebSocket fan-out through Atrium, the same fan-out
-// through raw NATS and, with a peer, through Centrifugo.
+// through raw NATS and, with a peer, through Centrifugo. The sides are
+// opened together and take turns phase by phase (turns), so that each step
+// of their ramps is measured under the same background load.
 func (r *runner) fanout(ctx context.Context) ([]Result, error) {
-	ws, wsErr := r.fanoutAtrium(ctx)
-	nt, ntErr := r.fanoutNATS(ctx)
-	var cf fanOutcome
-	var cfErr error
+	var (
+		ws, nt, cf          fanOutcome
+		wsErr, ntErr, cfErr error
+		peer                *centrifugo
+	)
+	sides := 2
 	if r.cfg.PeerCentrifugo != "" {
-		peer, err := newCentrifugo(r.cfg.PeerCentrifugo)
-		if err != nil {
-			cfErr = err
-		} else {
-			cf, cfErr = r.fanoutCentrifugo(ctx, peer)
+		if peer, cfErr = newCentrifugo(r.cfg.PeerCentrifugo); cfErr == nil {
+			sides++
 		}
 	}
+	tr := newTurns(sides)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		u := turn{t: tr, i: 0}
+		defer u.quit()
+		ws, wsErr = r.fanoutAtrium(ctx, u)
+	})
+	wg.Go(func() {
+		u := turn{t: tr, i: 1}
+		defer u.quit()
+		nt, ntErr = r.fanoutNATS(ctx, u)
+	})
+	if peer != nil {
+		wg.Go(func() {
+			u := turn{t: tr, i: 2}
+			defer u.quit()
+			cf, cfErr = r.fanoutCentrifugo(ctx, peer, u)
+		})
+	}
+	wg.Wait()
 	var out []Result
 	out = append(out, ws.rows...)
 	out = append(out, nt.rows...)
@@ -402,16 +427,24 @@ type fanOutcome struct {
 	max  float64 // best sustained deliveries/s
 }
 
-// measureSide runs the base phase and the ramp on f.
+// measureSide runs the base phase and the ramp on f, in f's turns, and
+// returns when every side is done.
 func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanOutcome, error) {
 	var out fanOutcome
 	n := f.n
+	f.turn.join()
+	defer f.turn.finish()
 	// Warm up connections, buffers and lazily grown structures.
-	if _, err := r.runPhase(ctx, f, r.cfg.Rate, min(time.Second, r.cfg.Duration)); err != nil {
+	var err error
+	f.turn.run(func() { _, err = r.runPhase(ctx, f, r.cfg.Rate, min(time.Second, r.cfg.Duration)) })
+	if err != nil {
 		return out, err
 	}
-	r.progress("fanout %s: %d receivers, %d events/s for %s", f.name, n, r.cfg.Rate, r.cfg.Duration)
-	p, err := r.runPhase(ctx, f, r.cfg.Rate, r.cfg.Duration)
+	var p phase
+	f.turn.run(func() {
+		r.progress("fanout %s: %d receivers, %d events/s for %s", f.name, n, r.cfg.Rate, r.cfg.Duration)
+		p, err = r.runPhase(ctx, f, r.cfg.Rate, r.cfg.Duration)
+	})
 	if err != nil {
 		return out, err
 	}
@@ -460,7 +493,7 @@ func (r *runner) measureSide(ctx context.Context, f *fanSide, side string) (fanO
 }
 
 // fanoutAtrium measures one session watched by cfg.Watchers WebSockets.
-func (r *runner) fanoutAtrium(ctx context.Context) (_ fanOutcome, err error) {
+func (r *runner) fanoutAtrium(ctx context.Context, u turn) (_ fanOutcome, err error) {
 	d, err := r.startServer(ctx, "fanout", time.Hour)
 	if err != nil {
 		return fanOutcome{}, err
@@ -490,7 +523,7 @@ func (r *runner) fanoutAtrium(ctx context.Context) (_ fanOutcome, err error) {
 		return fanOutcome{}, err
 	}
 	r.progress("fanout ws: opened %d WebSockets in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
-	f := &fanSide{name: "ws", set: set, n: r.cfg.Watchers}
+	f := &fanSide{name: "ws", set: set, n: r.cfg.Watchers, turn: u}
 
 	prod := newRESTProducer(d.c, s.ID, restProducerConns)
 	defer prod.close()
@@ -608,7 +641,7 @@ func (p *restProducer) close() {
 // fanoutNATS measures the same fan-out with raw NATS: an embedded
 // nats-server on loopback TCP, one connection and subscription per
 // receiver, a publisher stamping each message with its publish time.
-func (r *runner) fanoutNATS(ctx context.Context) (_ fanOutcome, err error) {
+func (r *runner) fanoutNATS(ctx context.Context, u turn) (_ fanOutcome, err error) {
 	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
 	if err != nil {
 		return fanOutcome{}, fmt.Errorf("configure nats-server: %w", err)
@@ -632,7 +665,7 @@ func (r *runner) fanoutNATS(ctx context.Context) (_ fanOutcome, err error) {
 		return fanOutcome{}, err
 	}
 	r.progress("fanout nats: opened %d NATS subscribers in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
-	f := &fanSide{name: "nats", set: set, n: r.cfg.Watchers}
+	f := &fanSide{name: "nats", set: set, n: r.cfg.Watchers, turn: u}
 	pub, err := nats.Connect(ns.ClientURL(), nats.NoReconnect())
 	if err != nil {
 		return fanOutcome{}, fmt.Errorf("nats publisher: %w", err)

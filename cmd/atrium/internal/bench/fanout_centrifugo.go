@@ -63,7 +63,7 @@ func dialCentrifugo(ctx context.Context, url, channel string) (*wsConn, error) {
 // publish time. The server CPU is that of the process listening on the
 // peer's port on this machine (or else of the only process named
 // centrifugo).
-func (r *runner) fanoutCentrifugo(ctx context.Context, peer *centrifugo) (_ fanOutcome, err error) {
+func (r *runner) fanoutCentrifugo(ctx context.Context, peer *centrifugo, u turn) (_ fanOutcome, err error) {
 	channel := "atrium_bench_fanout_" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	set, err := r.newReceiverSet(ctx)
 	if err != nil {
@@ -76,7 +76,7 @@ func (r *runner) fanoutCentrifugo(ctx context.Context, peer *centrifugo) (_ fanO
 		return fanOutcome{}, err
 	}
 	r.progress("fanout centrifugo: opened %d WebSockets in %s", r.cfg.Watchers, time.Since(t0).Round(time.Millisecond))
-	f := &fanSide{name: "centrifugo", set: set, n: r.cfg.Watchers}
+	f := &fanSide{name: "centrifugo", set: set, n: r.cfg.Watchers, turn: u}
 	pid := listenerPID(peer.base)
 	if pid == 0 {
 		pid = findProcess("centrifugo")
