@@ -20,7 +20,8 @@ import (
 // (subject transform, RePublish, two-minute duplicate window) on an
 // embedded server reached in-process, as `atrium dev` runs it. cpu-µs/event
 // is the process's CPU (client and server) per captured event: 15–19 µs
-// on the 2-vCPU bench machine at load 15–24, most of it the server's (its
+// on the 2-vCPU bench machine at load 15–18 (22–24 at load 24), most of it
+// the server's (its
 // file store writes each message, ~18 %; the stream's per-message work);
 // nats.go's async publish and PubAck decoding are ~3 µs of it. Neither the
 // stream's async persist mode nor core publishes with hand-parsed acks
