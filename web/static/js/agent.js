@@ -128,6 +128,20 @@ function contentText(c) {
   return null;
 }
 
+// unfence returns the inside of text when all of it is one fenced code
+// block, else text. Claude's ACP adapter sends a Bash tool's output as
+// markdown, "```console\n…\n```"; codex and gemini send plain text. The
+// inside shows as terminal output (tailed, ANSI-coloured) like theirs.
+export function unfence(text) {
+  const m = /^[ \t]*(`{3,}|~{3,})([^\n]*)\n([\s\S]*?)\n?[ \t]*\1[`~]*[ \t]*\n?$/.exec(text);
+  if (!m) return text;
+  const [, fence, info, inside] = m;
+  if (fence[0] === '`' && info.includes('`')) return text;
+  // A fence line inside means more than one block: leave it as it came.
+  if (inside.split('\n').some((l) => l.trimStart().startsWith(fence))) return text;
+  return inside;
+}
+
 /**
  * renderContent renders the content items of a tool call (or an approval).
  * key is the seq under which "Show all" remembers the reader's choice;
@@ -180,8 +194,9 @@ export function renderContent(items, key, expanded) {
     } else if (it.type === 'terminal') {
       out.push(h('p', { class: 'dim', text: `Terminal ${visible(it.terminal_id || '')}` }));
     } else {
-      const text = it.type === 'content' ? contentText(it.content) : contentText(it);
-      if (text === null) continue;
+      const raw = it.type === 'content' ? contentText(it.content) : contentText(it);
+      if (raw === null) continue;
+      const text = unfence(raw);
       const all = lines(text);
       const shown = full || all.length <= TAIL_LINES ? all : all.slice(all.length - TAIL_LINES);
       const hidden = all.length - shown.length;
