@@ -488,16 +488,19 @@ func (pr *Process) readLoop(ctx context.Context, conn *websocket.Conn) error {
 			if len(data) == 0 {
 				return errors.New("protocol violation: empty binary message")
 			}
-			var ok bool
+			var b *streamBuf
 			switch data[0] {
 			case compute.AgentStdout:
-				ok = pr.stdout.push(data[1:])
+				b = pr.stdout
 			case compute.AgentStderr:
-				ok = pr.stderr.push(data[1:])
+				b = pr.stderr
+			default:
+				conn.Close(websocket.StatusPolicyViolation, "output on an unknown stream")
+				return fmt.Errorf("protocol violation: output on unknown stream %d (%d bytes, starting %q)", data[0], len(data), data[:min(len(data), 16)])
 			}
-			if !ok {
-				conn.Close(websocket.StatusPolicyViolation, "output beyond the window or on an unknown stream")
-				return errors.New("protocol violation: output beyond the window or on an unknown stream")
+			if size, ok := b.push(data[1:]); !ok {
+				conn.Close(websocket.StatusPolicyViolation, "output beyond the window")
+				return fmt.Errorf("protocol violation: %d bytes of %s beyond the window: %d of %d buffered", len(data)-1, b.name, size, b.window)
 			}
 			continue
 		}
@@ -576,19 +579,20 @@ func newStreamBuf(pr *Process, name string, window int64) *streamBuf {
 	return b
 }
 
-// push adds a chunk from the agent; false when it exceeds the window.
-func (b *streamBuf) push(p []byte) bool {
+// push adds a chunk from the agent; false when it exceeds the window, with
+// what was buffered.
+func (b *streamBuf) push(p []byte) (int64, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.size+int64(len(p)) > b.window {
-		return false
+		return b.size, false
 	}
 	if len(p) > 0 && !b.eof {
 		b.chunks = append(b.chunks, p)
 		b.size += int64(len(p))
 		b.cond.Broadcast()
 	}
-	return true
+	return b.size, true
 }
 
 // finish marks the end of the stream.
