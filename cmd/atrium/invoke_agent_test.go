@@ -2,11 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/atriumhq/atrium/session"
 )
 
 // TestCLI_InvokeAgent: invoke of an agent session prints the agent's final
@@ -15,20 +12,7 @@ import (
 func TestCLI_InvokeAgent(t *testing.T) {
 	url := startAgentStack(t)
 	c := newCLI(t, url)
-	req, _ := http.NewRequestWithContext(cliContext(t), "POST", url+"/v1/sessions", strings.NewReader(`{"title":"agent","agent":"scripted"}`))
-	req.Header.Set("Authorization", "Bearer dev:alice")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s session.Session
-	err = json.NewDecoder(resp.Body).Decode(&s)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("create an agent session: %d %v", resp.StatusCode, err)
-	}
-	id := string(s.ID)
+	id := string(newScriptedSession(t, url))
 
 	out, errs, err := c.run(cliContext(t), nil, "invoke", id, "tool")
 	if err != nil || out != "Done.\n" {

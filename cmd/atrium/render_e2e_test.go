@@ -58,13 +58,10 @@ func startAgentStack(t *testing.T) string {
 	return srv.URL()
 }
 
-// TestCLI_AgentAttachAndLogs: attach shows an agent's turn as it happens —
-// its text streaming in after "agent>", a tool call's title, status and diff
-// stat, its completion, the agent's options when it asks — and logs shows the
-// same events one line each, the message whole.
-func TestCLI_AgentAttachAndLogs(t *testing.T) {
-	url := startAgentStack(t)
-	c := newCLI(t, url)
+// newScriptedSession creates a session of the "scripted" agent on the
+// stack at url as alice and returns its id.
+func newScriptedSession(t *testing.T, url string) session.ID {
+	t.Helper()
 	req, _ := http.NewRequestWithContext(cliContext(t), "POST", url+"/v1/sessions", strings.NewReader(`{"title":"agent","agent":"scripted"}`))
 	req.Header.Set("Authorization", "Bearer dev:alice")
 	req.Header.Set("Content-Type", "application/json")
@@ -78,7 +75,17 @@ func TestCLI_AgentAttachAndLogs(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusCreated {
 		t.Fatalf("create an agent session: %d %v", resp.StatusCode, err)
 	}
-	id := s.ID
+	return s.ID
+}
+
+// TestCLI_AgentAttachAndLogs: attach shows an agent's turn as it happens —
+// its text streaming in after "agent>", a tool call's title, status and diff
+// stat, its completion, the agent's options when it asks — and logs shows the
+// same events one line each, the message whole.
+func TestCLI_AgentAttachAndLogs(t *testing.T) {
+	url := startAgentStack(t)
+	c := newCLI(t, url)
+	id := newScriptedSession(t, url)
 
 	stdinR, stdinW := io.Pipe()
 	defer stdinW.Close()

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -18,20 +17,7 @@ import (
 func TestCLI_AttachStreamsDeltas(t *testing.T) {
 	url := startAgentStack(t)
 	c := newCLI(t, url)
-	req, _ := http.NewRequestWithContext(cliContext(t), "POST", url+"/v1/sessions", strings.NewReader(`{"title":"agent","agent":"scripted"}`))
-	req.Header.Set("Authorization", "Bearer dev:alice")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s session.Session
-	err = json.NewDecoder(resp.Body).Decode(&s)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("create an agent session: %d %v", resp.StatusCode, err)
-	}
-	id := string(s.ID)
+	id := string(newScriptedSession(t, url))
 
 	stdinR, stdinW := io.Pipe()
 	defer stdinW.Close()

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"encoding/json"
-	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/atriumhq/atrium/session"
 )
 
 // TestCLI_SendWaitAgent: `atrium send --wait` on an agent session prints
@@ -15,21 +11,9 @@ import (
 func TestCLI_SendWaitAgent(t *testing.T) {
 	url := startAgentStack(t)
 	c := newCLI(t, url)
-	req, _ := http.NewRequestWithContext(cliContext(t), "POST", url+"/v1/sessions", strings.NewReader(`{"title":"agent","agent":"scripted"}`))
-	req.Header.Set("Authorization", "Bearer dev:alice")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s session.Session
-	err = json.NewDecoder(resp.Body).Decode(&s)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("create an agent session: %d %v", resp.StatusCode, err)
-	}
+	s := newScriptedSession(t, url)
 
-	out, errs, err := c.run(cliContext(t), nil, "send", string(s.ID), "tool", "--wait")
+	out, errs, err := c.run(cliContext(t), nil, "send", string(s), "tool", "--wait")
 	if err != nil {
 		t.Fatalf("send --wait: %v\nstdout: %s\nstderr: %s", err, out, errs)
 	}
