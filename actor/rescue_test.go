@@ -40,26 +40,12 @@ func TestCluster_RescueDespiteStaleCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(t.Context(), session.Subjects{}.CatalogBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ent, err := kv.Get(t.Context(), string(id))
-	if err != nil {
-		t.Fatalf("catalog entry of %s: %v", id, err)
-	}
-	var c session.CatalogEntry
-	if err := json.Unmarshal(ent.Value(), &c); err != nil {
-		t.Fatal(err)
-	}
-	if c.Node != "a" || c.State != session.StateActive {
-		t.Fatalf("catalog entry before the stale write: node %q, state %q; want active on a", c.Node, c.State)
-	}
-	c.Node = "b" // The stale write of the node that held it before.
-	stale, _ := json.Marshal(c)
-	if _, err := kv.Put(t.Context(), string(id), stale); err != nil {
-		t.Fatal(err)
-	}
+	rewriteCatalogEntry(t, js, id, func(c *session.CatalogEntry) {
+		if c.Node != "a" || c.State != session.StateActive {
+			t.Fatalf("catalog entry before the stale write: node %q, state %q; want active on a", c.Node, c.State)
+		}
+		c.Node = "b" // The stale write of the node that held it before.
+	})
 
 	// No command is sent: only the rescue can bring the session to node b.
 	eventually(t, "node b to take the session over although the catalog names b", func() bool {
@@ -100,23 +86,9 @@ func TestCluster_ResumeDespiteStaleCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(t.Context(), session.Subjects{}.CatalogBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ent, err := kv.Get(t.Context(), string(id))
-	if err != nil {
-		t.Fatalf("catalog entry of %s: %v", id, err)
-	}
-	var c session.CatalogEntry
-	if err := json.Unmarshal(ent.Value(), &c); err != nil {
-		t.Fatal(err)
-	}
-	c.State = session.StateHibernated // The stale write.
-	stale, _ := json.Marshal(c)
-	if _, err := kv.Put(t.Context(), string(id), stale); err != nil {
-		t.Fatal(err)
-	}
+	rewriteCatalogEntry(t, js, id, func(c *session.CatalogEntry) {
+		c.State = session.StateHibernated // The stale write.
+	})
 	owners, err := js.KeyValue(t.Context(), session.Subjects{}.OwnersBucket())
 	if err != nil {
 		t.Fatal(err)
@@ -139,4 +111,27 @@ func TestCluster_ResumeDespiteStaleCatalog(t *testing.T) {
 		t.Errorf("turn 2 stdout %q", got)
 	}
 	checkContiguous(t, evs)
+}
+
+// rewriteCatalogEntry reads session id's catalog entry, lets change edit
+// it, and puts it back unconditionally, as a late write would.
+func rewriteCatalogEntry(t *testing.T, js jetstream.JetStream, id session.ID, change func(*session.CatalogEntry)) {
+	t.Helper()
+	kv, err := js.KeyValue(t.Context(), session.Subjects{}.CatalogBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := kv.Get(t.Context(), string(id))
+	if err != nil {
+		t.Fatalf("catalog entry of %s: %v", id, err)
+	}
+	var c session.CatalogEntry
+	if err := json.Unmarshal(ent.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	change(&c)
+	stale, _ := json.Marshal(c)
+	if _, err := kv.Put(t.Context(), string(id), stale); err != nil {
+		t.Fatal(err)
+	}
 }
